@@ -1,5 +1,5 @@
 """`eagle3-hub` console script. Each subcommand lives in the module that does the work; that module
-exposes `add_arguments(parser)` and `run(args)`."""
+exposes `add_arguments(parser)` and `run(args)` and is imported only when its subcommand runs."""
 
 from __future__ import annotations
 
@@ -19,24 +19,37 @@ COMMANDS = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
+def top_level_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="eagle3-hub", description="EAGLE-3 speculative decoding for the Hugging Face stack")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name, (module, help_text) in COMMANDS.items():
-        p = sub.add_parser(name, help=help_text, description=help_text)
-        p.set_defaults(_module=module)
-        importlib.import_module(module).add_arguments(p)
+    for name, (_, help_text) in COMMANDS.items():
+        sub.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+def command_parser(name: str):
+    module_name, help_text = COMMANDS[name]
+    module = importlib.import_module(module_name)
+    parser = argparse.ArgumentParser(prog=f"eagle3-hub {name}", description=help_text)
+    module.add_arguments(parser)
+    return module, parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "command", None):
-        parser.print_help()
-        return 0
-    return importlib.import_module(args._module).run(args) or 0
+    if not argv or argv[0] not in COMMANDS:
+        parser = top_level_parser()
+        if not argv or argv[0] in ("-h", "--help"):
+            parser.print_help()
+            return 0
+        parser.error(f"unknown command {argv[0]!r} (choose from {', '.join(COMMANDS)})")
+    module, parser = command_parser(argv[0])
+    args, extra = parser.parse_known_args(argv[1:])
+    if getattr(args, "accepts_overrides", False):
+        args.overrides = extra
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return module.run(args) or 0
 
 
 if __name__ == "__main__":

@@ -77,6 +77,7 @@ class Eagle3Attention(nn.Module):
         attention_mask: torch.Tensor | None = None,  # (b, 1, s, kv) additive, or None for causal
         cache: Cache | None = None,
         ttt_cache: list | None = None,
+        ttt_step: int = 0,
     ) -> torch.Tensor:
         b, s, _ = x.shape
         q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, s, d)
@@ -86,7 +87,7 @@ class Eagle3Attention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
 
         if ttt_cache is not None:
-            out = self._ttt_attention(q, k, v, attention_mask, ttt_cache)
+            out = self._ttt_attention(q, k, v, attention_mask, ttt_cache, ttt_step)
         else:
             if cache is not None:
                 k, v = cache.update(k, v, 0)
@@ -105,20 +106,23 @@ class Eagle3Attention(nn.Module):
         out = out.transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
 
-    def _ttt_attention(self, q, k, v, causal_mask, ttt_cache: list) -> torch.Tensor:
+    def _ttt_attention(self, q, k, v, causal_mask, ttt_cache: list, ttt_step: int) -> torch.Tensor:
         """Training-time-test attention (EAGLE-3): step 0 is causal over the sequence; step j > 0 adds only
-        the keys of steps 1..j at the *same* position (the diagonal). ``ttt_cache`` holds (k, v) per step."""
-        ttt_cache.append((k, v))
-        k0, v0 = ttt_cache[0]
+        the keys of steps 1..j at the *same* position (the diagonal). ``ttt_cache`` holds (k, v) per step;
+        ``ttt_step`` is this step's index (a recomputation under gradient checkpointing does not append)."""
+        if len(ttt_cache) == ttt_step:
+            ttt_cache.append((k, v))
+        entries = ttt_cache[:ttt_step] + [(k, v)]
+        k0, v0 = entries[0]
         k0, v0 = repeat_kv(k0, self.num_kv_groups), repeat_kv(v0, self.num_kv_groups)
         scores = torch.matmul(q, k0.transpose(2, 3)) * self.scaling  # (b, h, s, s)
         if causal_mask is not None:
             scores = scores + causal_mask
-        if len(ttt_cache) == 1:
+        if len(entries) == 1:
             probs = scores.float().softmax(-1).to(q.dtype)
             return torch.matmul(probs, v0)
-        diag_k = [repeat_kv(kj, self.num_kv_groups) for kj, _ in ttt_cache[1:]]
-        diag_v = [repeat_kv(vj, self.num_kv_groups) for _, vj in ttt_cache[1:]]
+        diag_k = [repeat_kv(kj, self.num_kv_groups) for kj, _ in entries[1:]]
+        diag_v = [repeat_kv(vj, self.num_kv_groups) for _, vj in entries[1:]]
         diag = torch.stack([(q * kj).sum(-1) for kj in diag_k], dim=-1) * self.scaling  # (b, h, s, j)
         probs = torch.cat([scores, diag], dim=-1).float().softmax(-1).to(q.dtype)
         s = scores.shape[-1]
@@ -145,10 +149,11 @@ class Eagle3DecoderLayer(nn.Module):
         attention_mask: torch.Tensor | None = None,
         cache: Cache | None = None,
         ttt_cache: list | None = None,
+        ttt_step: int = 0,
     ) -> torch.Tensor:
         residual = hidden_states
         x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(hidden_states)], dim=-1)  # (b, s, 2H)
-        hidden_states = residual + self.self_attn(x, position_embeddings, attention_mask, cache, ttt_cache)
+        hidden_states = residual + self.self_attn(x, position_embeddings, attention_mask, cache, ttt_cache, ttt_step)
         residual = hidden_states
         hidden_states = residual + self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states
@@ -265,13 +270,15 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + s, device=hidden_states.device).unsqueeze(0).expand(b, -1)
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        ttt_step = len(ttt_cache) if ttt_cache is not None else 0
         if self.gradient_checkpointing and self.training:
             hidden_states = self._gradient_checkpointing_func(
-                self.midlayer.__call__, inputs_embeds, hidden_states, position_embeddings, attention_mask, None, ttt_cache
+                self.midlayer.__call__, inputs_embeds, hidden_states, position_embeddings, attention_mask, None, ttt_cache,
+                ttt_step,
             )
         else:
             hidden_states = self.midlayer(
-                inputs_embeds, hidden_states, position_embeddings, attention_mask, cache, ttt_cache
+                inputs_embeds, hidden_states, position_embeddings, attention_mask, cache, ttt_cache, ttt_step
             )
         kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
         logits = self.lm_head(self.norm(kept))
@@ -290,7 +297,7 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         except ImportError:
             load_foreign_draft = None
         if load_foreign_draft is not None:
-            model = load_foreign_draft(cls, pretrained_model_name_or_path, *args, **kwargs)
+            model = load_foreign_draft(cls, pretrained_model_name_or_path, *args, target=target, **kwargs)
         if model is None:
             output_loading_info = kwargs.pop("output_loading_info", False)
             model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
@@ -310,7 +317,11 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
                 f"misshaped tensors {[m[0] if isinstance(m, tuple) else m for m in mismatched]}. "
                 "Check that it is an EAGLE-3 draft and that its config.json matches its weights."
             )
-        self._embedding_missing = "embed_tokens.weight" in info.get("missing_keys", [])
+        # `embed_tokens.weight` is in `_keys_to_ignore_on_load_missing`, so transformers leaves it out of
+        # `missing_keys`; a loaded tensor carries `_is_hf_initialized`, a newly initialised one does not
+        self._embedding_missing = "embed_tokens.weight" in info.get("missing_keys", []) or not getattr(
+            self.embed_tokens.weight, "_is_hf_initialized", False
+        )
 
     def save_pretrained(self, save_directory, *args, save_embeddings: bool | None = None, **kwargs):
         """Writes config, weights (safetensors) and the code files for ``trust_remote_code``.
@@ -324,16 +335,14 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         if state_dict is None:
             state_dict = {k: v for k, v in self.state_dict().items() if save_embeddings or k != "embed_tokens.weight"}
         self.config.architectures = ["Eagle3DraftModel"]
-        try:
-            from eagle3_hub.formats import prepare_save
+        try:  # both in the try: remote-code loading must not list eagle3_hub as a required import
+            from eagle3_hub.formats import finish_save, prepare_save
         except ImportError:
-            prepare_save = None
+            prepare_save = finish_save = None
         if prepare_save is not None:
             prepare_save(self)
         out = super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
-        if prepare_save is not None:
-            from eagle3_hub.formats import finish_save
-
+        if finish_save is not None:
             finish_save(self, save_directory)
         return out
 

@@ -50,7 +50,8 @@ def _converted_gguf(folder: Path, gguf_file: str) -> Path:
 
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
-    model.config.quantization_config = None
+    # GGUF weights are de-quantised on load: what we save is a plain float32 checkpoint
+    model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,99 @@
+"""Training recipes: a YAML file of nested sections; every key is also a CLI flag (``--train.lr 3e-4``)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import yaml
+
+DEFAULTS: dict = {
+    "target": {"name": None, "gguf_file": None, "adapter": None, "dtype": "bfloat16"},
+    "draft": {"draft_vocab_size": 8192, "aux_layer_ids": None, "intermediate_size": None, "init_from": None},
+    "data": {
+        "sources": [],  # Hub ids, presets (sharegpt, ultrachat) or local json/jsonl/parquet, optionally {path, max_samples}
+        "synthesize": 0,  # Magpie-style prompts written by the target itself
+        "regenerate": True,  # answer every prompt with the target (a draft must learn the target's distribution)
+        "max_new_tokens": 384,
+        "temperature": 0.0,
+        "gen_batch_size": 16,
+        "max_turns": 1,
+        "max_length": 1024,
+        "eval_samples": 64,
+        "num_proc": None,
+    },
+    "features": {"mode": "online", "cache_dir": None},  # online | offline (safetensors shards on disk)
+    "train": {
+        "ttt_steps": 7,
+        "step_weight": 0.8,
+        "epochs": 1,
+        "max_steps": None,
+        "batch_size": 4,
+        "grad_accum": 1,
+        "lr": 5e-4,
+        "weight_decay": 0.0,
+        "betas": [0.9, 0.95],
+        "warmup_steps": 50,
+        "grad_clip": 0.5,
+        "mixed_precision": "auto",  # auto: bf16 where the device supports it
+        "gradient_checkpointing": False,
+        "save_every": 100,
+        "eval_every": 100,
+        "log_every": 10,
+        "keep_checkpoints": 2,
+        "seed": 0,
+        "num_threads": None,
+    },
+    "lora": {"enabled": False, "r": 16, "alpha": 32, "dropout": 0.0, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]},
+    "work_dir": "runs/draft",  # data, features, checkpoints, logs
+    "output_dir": None,  # final draft folder (default: <work_dir>/draft)
+    "push_to_hub": None,  # repo id
+    "private": False,
+}
+
+
+def _merge(base: dict, update: dict, path: str = "") -> dict:
+    for key, value in update.items():
+        if key not in base:
+            raise KeyError(f"Unknown recipe key `{path}{key}`. Known keys: {', '.join(path + k for k in base)}")
+        if isinstance(base[key], dict) and isinstance(value, dict):
+            _merge(base[key], value, f"{path}{key}.")
+        else:
+            base[key] = value
+    return base
+
+
+def parse_overrides(pairs: list[str]) -> dict:
+    """``["--train.lr", "3e-4", "--data.regenerate", "false"]`` -> nested dict (values parsed as YAML)."""
+    out: dict = {}
+    i = 0
+    while i < len(pairs):
+        flag = pairs[i]
+        if not flag.startswith("--"):
+            raise ValueError(f"Expected a --section.key flag, got {flag!r}")
+        if "=" in flag:
+            flag, raw = flag.split("=", 1)
+            i += 1
+        elif i + 1 < len(pairs) and not pairs[i + 1].startswith("--"):
+            raw = pairs[i + 1]
+            i += 2
+        else:
+            raw, i = "true", i + 1
+        node = out
+        keys = flag[2:].replace("-", "_").split(".")
+        for k in keys[:-1]:
+            node = node.setdefault(k, {})
+        node[keys[-1]] = yaml.safe_load(raw)
+    return out
+
+
+def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -> dict:
+    recipe = copy.deepcopy(DEFAULTS)
+    if path is not None:
+        with open(path) as f:
+            _merge(recipe, yaml.safe_load(f) or {})
+    if overrides:
+        _merge(recipe, overrides)
+    if recipe["output_dir"] is None:
+        recipe["output_dir"] = str(Path(recipe["work_dir"]) / "draft")
+    return recipe

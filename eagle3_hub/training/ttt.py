@@ -1,0 +1,112 @@
+"""The EAGLE-3 training objective: training-time test (TTT).
+
+The draft is unrolled ``ttt_steps`` times. Step k at sequence position t reads token t+1+k and, as its
+feature, the fused target feature (k = 0) or its own step k-1 output; it predicts token t+2+k. Its query sits
+at position id t+k (as at inference, where the k-th drafted token follows k-1 drafted ones); it attends to the
+step-0 keys of positions <= t (causal) and to the keys of steps 1..k at position t (the diagonal). The loss is
+the soft cross-entropy against the target's next-token distribution restricted to the draft vocabulary,
+weighted 0.8^k; positions whose target argmax lies outside the draft vocabulary are masked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class TTTOutput:
+    loss: torch.Tensor  # scalar, weighted sum over steps
+    step_losses: torch.Tensor  # (K,) detached
+    step_correct: torch.Tensor  # (K,) number of positions where the draft's argmax equals the target's
+    step_count: torch.Tensor  # (K,) number of positions scored at each step
+    chain_correct: torch.Tensor  # (K,) positions whose steps 0..k were all correct (for acceptance length)
+    chain_count: torch.Tensor  # () positions scored at step 0
+
+
+def _shift(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
+    """x[:, n:] padded at the end to the same length: row t holds x[t + n]."""
+    if n == 0:
+        return x
+    pad = x.new_full((x.shape[0], n) + tuple(x.shape[2:]), fill)
+    return torch.cat([x[:, n:], pad], dim=1)
+
+
+def causal_mask(seq_len: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """(1, 1, s, s) additive causal mask."""
+    mask = torch.full((seq_len, seq_len), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
+    return mask[None, None]
+
+
+def ttt_loss(
+    draft,
+    aux_hidden_states: torch.Tensor,  # (b, s, 3*Ht) target features at the aux layers
+    input_ids: torch.LongTensor,  # (b, s), right-padded
+    target_logits: torch.Tensor,  # (b, s, V) target logits (full vocabulary) at each position
+    loss_mask: torch.Tensor,  # (b, s) 1 on assistant tokens (tokens to predict)
+    attention_mask: torch.Tensor | None = None,  # (b, s) 1 on real tokens
+    ttt_steps: int = 7,
+    step_weight: float = 0.8,
+) -> TTTOutput:
+    b, s = input_ids.shape
+    device = input_ids.device
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    loss_mask = loss_mask.bool() & attention_mask.bool()
+    with torch.no_grad():
+        draft_ids = torch.arange(draft.config.draft_vocab_size, device=device) + draft.d2t  # (Vd,) target ids
+        target_argmax = target_logits.argmax(-1)  # (b, s)
+        in_vocab = draft.t2d[target_argmax]  # (b, s): the target's choice is reachable by the draft
+        target_p = target_logits.index_select(-1, draft_ids).float().softmax(-1)  # (b, s, Vd)
+        target_argmax_draft = target_p.argmax(-1)  # (b, s) in draft ids
+
+    mask = causal_mask(s, torch.float32, device)
+    positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
+    ttt_cache: list = []
+    hidden = None
+    losses, correct, counts, chain_correct = [], [], [], []
+    chain = None
+    for k in range(ttt_steps):
+        ids_k = _shift(input_ids, 1 + k)  # token t+1+k
+        p_k = _shift(target_p, 1 + k)  # target distribution of token t+2+k
+        want_k = _shift(target_argmax_draft, 1 + k)
+        valid = _shift(loss_mask, 2 + k, False) & _shift(in_vocab, 1 + k, False)  # (b, s)
+        if hidden is None:
+            out = draft(input_ids=ids_k, target_hidden_states=aux_hidden_states, position_ids=positions,
+                        attention_mask=mask, ttt_cache=ttt_cache)
+        else:
+            out = draft(input_ids=ids_k, hidden_states=hidden, position_ids=positions + k,
+                        attention_mask=mask, ttt_cache=ttt_cache)
+        hidden = out.hidden_states
+        logp = F.log_softmax(out.logits.float(), dim=-1)  # (b, s, Vd)
+        n = valid.sum()
+        ce = -(p_k * logp).sum(-1)  # (b, s)
+        losses.append((ce * valid).sum() / n.clamp(min=1))
+        with torch.no_grad():
+            hit = (logp.argmax(-1) == want_k) & valid
+            chain = hit if chain is None else chain & hit
+            correct.append(hit.sum())
+            counts.append(n)
+            chain_correct.append(chain.sum())
+            if k == 0:
+                chain_count = n
+    weights = torch.tensor([step_weight**k for k in range(ttt_steps)], device=device)
+    step_losses = torch.stack(losses)
+    return TTTOutput(
+        loss=(step_losses * weights).sum(),
+        step_losses=step_losses.detach(),
+        step_correct=torch.stack(correct),
+        step_count=torch.stack(counts),
+        chain_correct=torch.stack(chain_correct),
+        chain_count=chain_count,
+    )
+
+
+def acceptance_metrics(step_correct, step_count, chain_correct, chain_count) -> dict:
+    """Per-position accuracy vs the target's argmax and the expected acceptance length of a chain
+    (1 bonus token + the expected number of leading correct draft tokens)."""
+    acc = [c / max(n, 1) for c, n in zip(step_correct.tolist(), step_count.tolist())]
+    chain = [c / max(chain_count.item(), 1) for c in chain_correct.tolist()]
+    return {"step_accuracy": acc, "chain_acceptance": chain, "expected_acceptance_length": 1.0 + sum(chain)}
