@@ -7,8 +7,10 @@ Every sample is normalised to ``{"messages": [{"role": ..., "content": ...}, ...
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -24,6 +26,7 @@ PRESETS = {
 _ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
              "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
 _PROMPT_FIELDS = ("prompt", "question", "instruction", "input", "text", "query")
+_RESPONSE_FIELDS = ("response", "answer", "output", "completion")
 
 
 class DataError(ValueError):
@@ -39,6 +42,9 @@ def normalise_example(example: dict) -> dict:
     else:
         text = next((example[f] for f in _PROMPT_FIELDS if isinstance(example.get(f), str) and example[f].strip()), None)
         msgs = [{"role": "user", "content": text}] if text else []
+        reply = next((example[f] for f in _RESPONSE_FIELDS if isinstance(example.get(f), str) and example[f].strip()), None)
+        if msgs and reply:  # prompt/response pairs (GSM8K question/answer, Alpaca instruction/output, ...)
+            msgs.append({"role": "assistant", "content": reply})
     msgs = [m for m in msgs if m["role"] is not None and isinstance(m["content"], str) and m["content"].strip()]
     # drop leading assistant turns: a conversation starts with the user (or a system prompt)
     while msgs and msgs[0]["role"] == "assistant":
@@ -67,7 +73,9 @@ def load_source(source: str | dict, split: str = "train", max_samples: int | Non
         ds = ds.select(range(min(limit, len(ds))))
     if len(ds) == 0:
         raise DataError(f"{path}: the dataset is empty")
-    ds = ds.map(normalise_example, remove_columns=ds.column_names, desc=f"normalise {p.name or path}")
+    # the fingerprint names the normaliser's source, so every later cached step is redone when it changes
+    version = hashlib.sha1((ds._fingerprint + inspect.getsource(normalise_example) + repr(_RESPONSE_FIELDS)).encode()).hexdigest()
+    ds = ds.map(normalise_example, remove_columns=ds.column_names, desc=f"normalise {p.name or path}", new_fingerprint=version)
     ds = ds.filter(lambda ex: len(ex["messages"]) > 0, desc="drop empty")
     if len(ds) == 0:
         raise DataError(
@@ -235,7 +243,7 @@ def tokenize_dataset(ds: Dataset, tokenizer, max_length: int, num_proc: int | No
 def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, seed: int = 0,
                         synthesize: int = 0, regenerate_responses: bool = True, max_new_tokens: int = 384,
                         temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1,
-                        min_chars: int = 1, max_chars: int = 20000) -> Dataset:
+                        min_chars: int = 1, max_chars: int = 20000, strip_patterns: list[str] | None = None) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
     answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes."""
     work_dir = Path(work_dir)
@@ -252,6 +260,19 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     if not parts:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
     ds = concatenate_datasets(parts)
+    if strip_patterns:
+        patterns = [re.compile(p) for p in strip_patterns]
+
+        def strip(ex):
+            msgs = []
+            for m in ex["messages"]:
+                text = m["content"]
+                for p in patterns:
+                    text = p.sub("", text)
+                msgs.append({"role": m["role"], "content": text})
+            return {"messages": msgs}
+
+        ds = ds.map(strip, desc="strip patterns")
 
     def length_ok(ex):
         n = sum(len(m["content"]) for m in ex["messages"])

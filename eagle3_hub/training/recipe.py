@@ -18,6 +18,7 @@ DEFAULTS: dict = {
         "temperature": 0.0,
         "gen_batch_size": 16,
         "max_turns": 1,
+        "strip_patterns": [],  # regexes removed from every message (e.g. GSM8K's "<<48/2=24>>" calculator notes)
         "max_length": 1024,
         "eval_samples": 64,
         "num_proc": None,

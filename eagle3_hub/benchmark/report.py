@@ -1,0 +1,184 @@
+"""Rendering bench results: a Markdown table, the JSON file, and a PNG chart (matplotlib)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+METHOD_ORDER = ("plain", "lookup", "assistant", "assisted", "tree")
+
+
+def _fmt(x, spec: str, missing: str = "–") -> str:
+    return missing if x is None else format(x, spec)
+
+
+def row_sort_key(row: dict) -> tuple:
+    """Suites in name order, 'all suites' last; greedy first; methods from plain to tree."""
+    kind = row["method"].split("[")[0]
+    return (
+        row["suite"] == "_all",
+        row["suite"],
+        row["mode"] != "greedy",
+        row["mode"],
+        METHOD_ORDER.index(kind) if kind in METHOD_ORDER else len(METHOD_ORDER),
+        row["method"],
+    )
+
+
+def acceptance_text(by_pos: list[float] | None, max_positions: int = 5) -> str:
+    if not by_pos:
+        return "–"
+    return " / ".join(f"{p:.2f}" for p in by_pos[:max_positions])
+
+
+def markdown_table(results: dict) -> str:
+    """One row per suite, mode and method; 'all suites' rows pool every suite when there are several."""
+    lossless = results.get("lossless", {})
+    rows = sorted(results["results"], key=row_sort_key)
+    if len({r["suite"] for r in rows}) <= 2:  # a single suite: the '_all' rows repeat it
+        rows = [r for r in rows if r["suite"] != "_all"]
+    header = ["Suite", "Mode", "Method", "Tokens/s", "Speed-up", "Accept. length", "Accepted at draft pos. 1/2/3/…",
+              "Draft / verify / other", "Peak MB", "Lossless"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for r in rows:
+        split = r["time_split"]
+        if r["mode"] != "greedy" or r["method"] == "plain" or r["method"] not in lossless:
+            same = "–"
+        else:
+            e = lossless[r["method"]]
+            e = e["by_suite"].get(r["suite"], e) if r["suite"] != "_all" else e
+            same = "yes" if e["identical"] == e["turns"] else f"NO ({e['turns'] - e['identical']} of {e['turns']} turns differ)"
+        cells = [
+            "all suites" if r["suite"] == "_all" else r["suite"],
+            r["mode"],
+            r["method"],
+            _fmt(r["tokens_per_s"], ".1f"),
+            _fmt(r["speedup"], ".2f") + "×",
+            _fmt(r["mean_acceptance_length"], ".2f"),
+            acceptance_text(r["acceptance_by_position"]),
+            "–" if split["verify"] is None else
+            f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['overhead']:.0f}%",
+            _fmt(r["peak_memory_mb"], ".0f"),
+            same,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def sweep_table(results: dict, limit: int = 10) -> str:
+    lines = []
+    for mode, sweep in (results.get("sweep") or {}).items():
+        lines.append(f"Tree settings, {mode}, best first:\n")
+        lines.append("| depth | tree_top_k | total_tokens | Speed-up | Tokens/s | Accept. length |")
+        lines.append("|---|---|---|---|---|---|")
+        for r in sweep["ranking"][:limit]:
+            lines.append(
+                f"| {r.get('depth', 'default')} | {r.get('tree_top_k', 'default')} | {r.get('total_tokens', 'default')} | "
+                f"{_fmt(r['speedup'], '.2f')}× | {_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['mean_acceptance_length'], '.2f')} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+def markdown_report(results: dict) -> str:
+    from .bench import describe_machine
+
+    s = results["settings"]
+    parts = [
+        "# eagle3-hub bench",
+        "",
+        f"Target: `{s.get('target')}`  Draft: `{s.get('draft')}`  ",
+        f"Machine: {describe_machine(results['machine'])}  ",
+        "Suites: " + ", ".join(f"{x['name']} ({x['questions']} questions)" for x in s["suites"]) + "; "
+        f"max {s['max_new_tokens']} new tokens per turn; speed-up over plain decoding in the same run.",
+        "",
+        markdown_table(results),
+        "",
+    ]
+    if results.get("sweep"):
+        parts += [sweep_table(results), ""]
+    return "\n".join(parts)
+
+
+def plot_chart(results: dict, path: str | Path) -> Path:
+    """Left: speed-up per suite and method. Right: acceptance rate by draft position."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in results["results"] if r["mode"] == "greedy"] or results["results"]
+    mode = rows[0]["mode"]
+    suites = sorted({r["suite"] for r in rows}, key=lambda s: (s == "_all", s))
+    if len(suites) == 2:
+        suites = [s for s in suites if s != "_all"]
+    methods = sorted({r["method"] for r in rows if r["method"] != "plain"}, key=lambda m: row_sort_key({"suite": "", "mode": "", "method": m}))
+    by_key = {(r["suite"], r["method"]): r for r in rows}
+
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+    width = 0.8 / max(len(methods), 1)
+    for i, m in enumerate(methods):
+        xs = [j + (i - (len(methods) - 1) / 2) * width for j in range(len(suites))]
+        ys = [(by_key.get((s, m)) or {}).get("speedup") or 0 for s in suites]
+        bars = ax1.bar(xs, ys, width, label=m)
+        ax1.bar_label(bars, fmt="%.2f", fontsize=7, padding=1)
+    ax1.axhline(1.0, color="grey", lw=1, ls="--")
+    ax1.set_xticks(range(len(suites)), ["all suites" if s == "_all" else s for s in suites], rotation=20)
+    ax1.set_ylabel(f"speed-up over plain ({mode})")
+    ax1.set_title("Speed-up per suite")
+    ax1.legend(fontsize=8)
+
+    drawn = False
+    for m in methods:
+        r = by_key.get(("_all", m)) or by_key.get((suites[0], m))
+        pos = r and r.get("acceptance_by_position")
+        if pos:
+            ax2.plot(range(1, len(pos) + 1), pos, marker="o", label=f"{m} (τ={r['mean_acceptance_length']:.2f})")
+            drawn = True
+    ax2.set_xlabel("draft position k")
+    ax2.set_ylabel("fraction of steps accepting ≥ k draft tokens")
+    ax2.set_ylim(0, 1.02)
+    ax2.set_title("Acceptance by draft position")
+    if drawn:
+        ax2.legend(fontsize=8)
+    from .bench import describe_machine
+
+    fig.suptitle(describe_machine(results["machine"]), fontsize=9)
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(results: dict, out_dir: str | Path, chart: bool = True) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "bench.json", "markdown": out / "bench.md"}
+    paths["json"].write_text(json.dumps(results, indent=1, default=str) + "\n")
+    paths["markdown"].write_text(markdown_report(results))
+    if chart:
+        paths["chart"] = plot_chart(results, out / "bench.png")
+    return paths
+
+
+def print_report(results: dict, paths: dict | None = None, file=None):
+    file = file or sys.stdout
+    print(markdown_report(results), file=file)
+    bad = {m: e for m, e in results.get("lossless", {}).items() if not e["lossless"]}
+    for method, e in bad.items():
+        banner = (
+            f"LOSSLESS CHECK FAILED: greedy '{method}' differs from plain greedy on "
+            f"{e['turns'] - e['identical']} of {e['turns']} turns."
+        )
+        first = e["mismatches"][0]
+        detail = (
+            f"  first: suite {first['suite']}, question {first['question_id']}, turn {first['turn']}, token "
+            f"{first['first_difference']}:\n    plain : {first['plain']!r}\n    {method:6s}: {first['method']!r}\n"
+            f"  In float32 outputs must be identical; in bfloat16/float16 verifying several tokens at once can round "
+            f"near-ties differently."
+        )
+        print("\n" + "!" * len(banner) + f"\n{banner}\n" + "!" * len(banner) + "\n" + detail, file=file)
+    if paths:
+        print("\nWrote " + ", ".join(str(p) for p in paths.values()), file=file)

@@ -1,0 +1,533 @@
+"""``eagle3-hub card``: the model card (README.md) of a draft, written with ``huggingface_hub.ModelCard``.
+
+Metadata: ``base_model`` (the target), ``library_name``, ``pipeline_tag``, tags, training datasets and the
+target's license. Body: what the draft is, its training data and recipe (``training_info``), the benchmark
+table (a ``bench.json`` of ``eagle3-hub bench``, with the machine it ran on, and its chart) and copy-paste usage
+for transformers, vLLM and SGLang.
+
+Inputs found in the draft folder when not passed: ``training_metrics.json`` (written by ``eagle3-hub train``)
+or ``training_info.json``, and ``bench.json`` / ``bench.png``.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+CARD_MARKER = "<!-- model card written by eagle3-hub; `eagle3-hub card` rewrites it -->"
+EMBEDDED_NAMES = (None, "", "embedded", "smollm2-135m-instruct")
+EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+TAGS = ["eagle3", "speculative-decoding", "draft-model", "eagle3-hub"]
+ENGINE_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
+_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+
+
+# ----------------------------------------------------------------------------------------- the target
+def target_hub_id(target: str | None) -> str | None:
+    """The Hub id of a target spec: the embedded SmolLM2's origin, a repo id as is, ``None`` for local paths."""
+    if target in EMBEDDED_NAMES:
+        return EMBEDDED_HUB_ID
+    if Path(target).expanduser().exists():
+        return None
+    return target if _HUB_ID.fullmatch(target) else None
+
+
+_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+
+
+def gguf_metadata_value(path: str | Path, key: str):
+    """One metadata value of a GGUF file, read from its header (the tensors are not touched)."""
+    import struct
+
+    with open(path, "rb") as f:
+        if f.read(4) != b"GGUF":
+            return None
+        version, = struct.unpack("<I", f.read(4))
+        if version < 2:
+            return None
+        _, n_kv = struct.unpack("<QQ", f.read(16))
+
+        def read_string() -> str:
+            n, = struct.unpack("<Q", f.read(8))
+            return f.read(n).decode("utf-8", errors="replace")
+
+        def read_value(vtype: int):
+            if vtype == 8:
+                return read_string()
+            if vtype == 9:
+                itype, count = struct.unpack("<IQ", f.read(12))
+                return [read_value(itype) for _ in range(count)]
+            fmt = "<" + _GGUF_SCALARS[vtype]
+            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
+
+        for _ in range(n_kv):
+            name = read_string()
+            vtype, = struct.unpack("<I", f.read(4))
+            value = read_value(vtype)
+            if name == key:
+                return value
+    return None
+
+
+def _gguf_license(path: Path) -> str | None:
+    try:
+        value = gguf_metadata_value(path, "general.license")
+    except (OSError, KeyError, ValueError):
+        return None
+    return str(value) if value else None
+
+
+def target_license(target: str | None, timeout: float = 10.0) -> dict:
+    """``{"license": ..., "license_name": ..., "license_link": ...}`` (only the keys found) of a target: from a
+    local folder's README.md or config.json, a GGUF file's metadata, or the Hub model card when online."""
+    from huggingface_hub import ModelCard
+
+    if target in EMBEDDED_NAMES:
+        from .targets import EMBEDDED_GGUF, embedded_gguf_dir
+
+        lic = _gguf_license(embedded_gguf_dir() / EMBEDDED_GGUF)
+        return {"license": lic} if lic else {}
+    path = Path(target).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        lic = _gguf_license(path)
+        return {"license": lic} if lic else {}
+    if path.is_dir():
+        if (path / "README.md").is_file():
+            data = ModelCard.load(path / "README.md", ignore_metadata_errors=True).data.to_dict()
+            found = {k: data[k] for k in ("license", "license_name", "license_link") if data.get(k)}
+            if found:
+                return found
+        if (path / "config.json").is_file():
+            lic = json.loads((path / "config.json").read_text()).get("license")
+            if lic:
+                return {"license": lic}
+        for gguf in sorted(path.glob("*.gguf")):
+            lic = _gguf_license(gguf)
+            if lic:
+                return {"license": lic}
+        return {}
+    from huggingface_hub import HfApi, constants
+
+    if constants.HF_HUB_OFFLINE or not _HUB_ID.fullmatch(str(target)):
+        return {}
+    try:
+        card = HfApi().model_info(target, timeout=timeout).card_data
+    except Exception:
+        return {}
+    data = card.to_dict() if card is not None else {}
+    return {k: data[k] for k in ("license", "license_name", "license_link") if data.get(k)}
+
+
+# ----------------------------------------------------------------------------------------- the draft
+def count_parameters(folder: Path) -> tuple[int | None, bool]:
+    """(parameters stored in the folder's safetensors files, read from their headers, without the token
+    embedding and the vocabulary maps; whether the embedding is stored)."""
+    from safetensors import safe_open
+
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        return None, False
+    n, has_embedding = 0, False
+    for f in files:
+        with safe_open(str(f), "pt") as st:
+            for key in st.keys():
+                if key.endswith("embed_tokens.weight"):
+                    has_embedding = True
+                    continue
+                if key.split(".")[-1] in ("d2t", "t2d"):
+                    continue
+                count = 1
+                for dim in st.get_slice(key).get_shape():
+                    count *= dim
+                n += count
+    return n, has_embedding
+
+
+def _human(n: int | None) -> str:
+    if n is None:
+        return "?"
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def card_is_ours(readme: str | Path) -> bool:
+    try:
+        return CARD_MARKER in Path(readme).read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+def engine_native(config: dict) -> bool:
+    """Whether vLLM / SGLang read this config.json as it is (SpecForge / speculators layouts)."""
+    archs = config.get("architectures") or []
+    return any(a in ENGINE_ARCHITECTURES for a in archs) or "speculators_config" in config
+
+
+# ----------------------------------------------------------------------------------------- sections
+def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> str:
+    from .benchmark.bench import describe_machine
+    from .benchmark.report import acceptance_text, row_sort_key
+
+    rows = [r for r in bench["results"] if r["mode"] == "greedy"] or bench["results"]
+    suites = {r["suite"] for r in rows}
+    if len(suites) == 2:
+        rows = [r for r in rows if r["suite"] != "_all"]
+    rows.sort(key=row_sort_key)
+    lossless = bench.get("lossless", {})
+    lines = [
+        "| Suite | Method | Tokens/s | Speed-up | Mean acceptance length | Accepted at draft position 1/2/3 | Same output as plain greedy |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        e = lossless.get(r["method"])
+        if e is not None and r["suite"] != "_all":
+            e = e.get("by_suite", {}).get(r["suite"], e)
+        same = "–" if r["method"] == "plain" or e is None else (
+            "yes" if e["identical"] == e["turns"] else f"{e['identical']}/{e['turns']} turns")
+        speed = "–" if r["speedup"] is None else f"{r['speedup']:.2f}×"
+        tps = "–" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}"
+        tau = "–" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
+        suite = "all suites" if r["suite"] == "_all" else r["suite"]
+        lines.append(f"| {suite} | {r['method']} | {tps} | {speed} | {tau} | {acceptance_text(r['acceptance_by_position'], 3)} | {same} |")
+    s = bench["settings"]
+    suites_text = ", ".join(f"{x['name']} ({x['questions']} questions)" for x in s["suites"])
+    mode = rows[0]["mode"] if rows else "greedy"
+    out = [
+        "## Benchmark",
+        "",
+        f"Measured with `eagle3-hub bench` on **{describe_machine(bench['machine'])}** ({bench.get('created', '')[:10]}): "
+        f"{suites_text}, batch size 1, {mode} decoding, at most {s['max_new_tokens']} new tokens per turn. Speed-up is "
+        "over plain `target.generate` in the same run (methods interleaved per question). *plain*: no speculation; "
+        "*lookup*: transformers prompt-lookup decoding; *assisted*: this draft as `assistant_model`; *tree*: EAGLE-3 "
+        "tree decoding. Mean acceptance length = tokens committed per target forward.",
+        "",
+        *lines,
+        "",
+    ]
+    if s.get("tree") and len(s["tree"]) == 1 and s["tree"][0]:
+        out += [f"Tree settings: {', '.join(f'`{k}={v}`' for k, v in s['tree'][0].items())}.", ""]
+    for m, sweep in (bench.get("sweep") or {}).items():
+        if sweep.get("best"):
+            best = {k: v for k, v in sweep["best"].items() if k != "speedup"}
+            out += [f"Best tree setting on this machine ({m}): {', '.join(f'`{k}={v}`' for k, v in best.items())} "
+                    f"({sweep['best']['speedup']:.2f}×).", ""]
+    if chart:
+        out += [f"![Speed-up and acceptance by draft position]({chart})", ""]
+    out += ["Speed-ups depend on the hardware, the dtype and the prompts; measure yours with "
+            f"`eagle3-hub bench --target {target} --draft {repo}`.", ""]
+    return "\n".join(out)
+
+
+def _training_section(info: dict) -> str:
+    if not info:
+        return ""
+    out = ["## Training", ""]
+    data = info.get("datasets") or info.get("dataset")
+    if data:
+        items = data if isinstance(data, list) else [data]
+        names = [d if isinstance(d, str) else d.get("name") or d.get("path") or json.dumps(d) for d in items]
+        out.append("Data: " + ", ".join(f"[{n}](https://huggingface.co/datasets/{n})" if _HUB_ID.fullmatch(n) and not Path(n).exists() else f"`{n}`" for n in names) + ".")
+        if info.get("regenerated") or info.get("regenerate"):
+            out.append("The responses were regenerated by the target, so that the draft learns the target's own distribution.")
+        out.append("")
+    skip = {"datasets", "dataset", "target", "regenerated", "regenerate"}
+    recipe = {k: v for k, v in info.items() if k not in skip and v is not None}
+    if recipe:
+        out += ["| Setting | Value |", "|---|---|"]
+        for k, v in recipe.items():
+            value = json.dumps(v) if isinstance(v, (list, dict)) else str(v)
+            out.append(f"| {k} | {value} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def _usage_section(repo: str, target: str, config: dict, tree_params: dict | None) -> str:
+    tree = tree_params or {}
+    depth, topk, total = tree.get("depth"), tree.get("tree_top_k"), tree.get("total_tokens")
+    tree_args = "".join(f", {k}={v}" for k, v in (("depth", depth), ("tree_top_k", topk), ("total_tokens", total)) if v is not None)
+    out = [
+        "## Usage",
+        "",
+        "### transformers",
+        "",
+        "```bash\npip install eagle3-hub\n```",
+        "",
+        "```python",
+        "import torch",
+        "from transformers import AutoModelForCausalLM, AutoTokenizer",
+        "from eagle3_hub import Eagle3DraftModel",
+        "",
+        f'tokenizer = AutoTokenizer.from_pretrained("{target}")',
+        f'target = AutoModelForCausalLM.from_pretrained("{target}", dtype=torch.bfloat16, device_map="auto")',
+        f'draft = Eagle3DraftModel.from_pretrained("{repo}", dtype=torch.bfloat16).to(target.device)',
+        "draft.bind(target)  # shares the target's embedding, hooks its feature layers",
+        "",
+        'messages = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]',
+        "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", return_dict=True).to(target.device)",
+        "",
+        "# 1) as a transformers assistant: same output as target.generate, fewer target forwards",
+        "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=256)",
+        'print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
+        "",
+        "# 2) EAGLE-3 tree decoding: several candidate continuations verified in one target forward",
+        "from eagle3_hub.generation.tree_decoding import generate",
+        "",
+        f'out = generate(target, draft, inputs["input_ids"], max_new_tokens=256, tokenizer=tokenizer{tree_args})',
+        'print(tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
+        "```",
+        "",
+        "From the command line:",
+        "",
+        "```bash",
+        f'eagle3-hub generate --target {target} --draft {repo} --prompt "Explain speculative decoding." --stats',
+        "```",
+        "",
+    ]
+    if config.get("auto_map"):
+        out += [
+            "Without installing eagle3-hub, the code files in this repository load the draft (`trust_remote_code`):",
+            "",
+            "```python",
+            "from transformers import AutoModel",
+            "",
+            f'draft = AutoModel.from_pretrained("{repo}", trust_remote_code=True, dtype=torch.bfloat16).to(target.device)',
+            "draft.bind(target)",
+            "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=256)",
+            "```",
+            "",
+        ]
+    native = engine_native(config)
+    engine_repo = repo if native else "./draft-engine"
+    convert = [] if native else [
+        "This repository uses the eagle3-hub layout; export the layout the engines read first:",
+        "",
+        "```bash",
+        f"eagle3-hub convert {repo} ./draft-engine --to vllm",
+        "```",
+        "",
+    ]
+    steps = depth or 3
+    out += [
+        "### vLLM",
+        "",
+        *convert,
+        "```bash",
+        f"vllm serve {target} \\",
+        f"  --speculative-config '{{\"method\": \"eagle3\", \"model\": \"{engine_repo}\", \"num_speculative_tokens\": {steps}}}'",
+        "```",
+        "",
+        "### SGLang",
+        "",
+        "```bash",
+        f"python -m sglang.launch_server --model-path {target} \\",
+        f"  --speculative-algorithm EAGLE3 --speculative-draft-model-path {engine_repo} \\",
+        f"  --speculative-num-steps {depth or 5} --speculative-eagle-topk {topk or 8} --speculative-num-draft-tokens {total or 32}",
+        "```",
+        "",
+    ]
+    return "\n".join(out)
+
+
+def _what_section(name: str, target_text: str, config: dict, params: tuple[int | None, bool]) -> str:
+    aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
+    vocab, dvocab = config.get("vocab_size"), config.get("draft_vocab_size")
+    layers = config.get("target_num_hidden_layers")
+    lines = [
+        f"# {name}",
+        "",
+        f"An [EAGLE-3](https://arxiv.org/abs/2503.01840) draft model for {target_text}. It speeds up the target's "
+        "generation by speculative decoding: the draft proposes several tokens (a tree of candidates) from the "
+        "target's own hidden states, and the target checks them all in one forward pass, so greedy outputs are the "
+        "target's own.",
+        "",
+        "| | |",
+        "|---|---|",
+        "| Architecture | one Llama-style decoder layer over [token embedding ; fused target features] |",
+        f"| Parameters | {_human(params[0])} without the token embedding "
+        f"({'stored here as well' if params[1] else 'taken from the target at load time'}) |",
+        f"| Hidden size | {config.get('hidden_size')} |",
+        f"| Target features | outputs of decoder layers {aux} (0-based) of {layers or '?'}, concatenated and fused by `fc` |",
+        f"| Vocabulary | draft {dvocab} tokens mapped to the target's {vocab} (`d2t`, `t2d`) |",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------- training
+def training_info_from_metrics(metrics: dict) -> dict:
+    """The ``training_metrics.json`` that ``eagle3-hub train`` writes (recipe, vocabulary, data report, eval
+    history), flattened into the card's training information."""
+    recipe = metrics.get("recipe") or {}
+    target, data, train = recipe.get("target") or {}, recipe.get("data") or {}, recipe.get("train") or {}
+    try:
+        from .training.data import PRESETS
+    except ImportError:  # pragma: no cover - the training extras are part of the package
+        PRESETS = {}
+    sources = []
+    for src in data.get("sources") or []:
+        spec = dict(src) if isinstance(src, dict) else dict(PRESETS.get(src, {"path": src}))
+        sources.append(spec.get("path"))
+    report, vocab, history = metrics.get("data") or {}, metrics.get("vocab") or {}, metrics.get("eval_history") or []
+    info = {
+        "target": target.get("name") or "smollm2-135m-instruct",
+        "datasets": [s for s in sources if s],
+        "regenerated": data.get("regenerate"),
+        "prompts written by the target": data.get("synthesize") or None,
+        "training conversations": report.get("train"),
+        "max length (tokens)": data.get("max_length"),
+        "draft vocabulary": vocab.get("draft_vocab_size"),
+        "loss tokens covered by the draft vocabulary": f"{vocab['coverage']:.1%}" if vocab.get("coverage") is not None else None,
+        "epochs": train.get("epochs"),
+        "optimizer steps": metrics.get("steps"),
+        "batch size": (train.get("batch_size") or 0) * (train.get("grad_accum") or 1) or None,
+        "learning rate": train.get("lr"),
+        "optimizer": f"AdamW, betas {train['betas']}, warm-up {train.get('warmup_steps')} steps, grad clip {train.get('grad_clip')}" if train.get("betas") else None,
+        "training-time-test steps": train.get("ttt_steps"),
+        "step weight": train.get("step_weight"),
+        "LoRA": f"r={recipe['lora']['r']}, alpha={recipe['lora']['alpha']}" if (recipe.get("lora") or {}).get("enabled") else None,
+    }
+    if history:
+        last = history[-1]
+        if last.get("expected_acceptance_length") is not None:
+            info["eval: expected acceptance length"] = round(float(last["expected_acceptance_length"]), 3)
+        if last.get("step_accuracy"):
+            info["eval: accuracy per draft step"] = " / ".join(f"{a:.2f}" for a in last["step_accuracy"])
+    return {k: v for k, v in info.items() if v not in (None, [], "")}
+
+
+# ----------------------------------------------------------------------------------------- the card
+def _load_json(obj) -> dict | None:
+    if obj is None or isinstance(obj, dict):
+        return obj
+    return json.loads(Path(obj).read_text())
+
+
+def write_model_card(
+    draft_dir: str | Path,
+    bench_json: str | Path | dict | None = None,
+    training_info: str | Path | dict | None = None,
+    base_model: str | None = None,
+    repo_id: str | None = None,
+    license: str | None = None,
+    datasets: list[str] | None = None,
+    chart: str | Path | None = None,
+) -> Path:
+    """Write ``draft_dir/README.md`` and return its path.
+
+    bench_json: a ``bench.json`` of ``eagle3-hub bench`` (path or dict); default ``draft_dir/bench.json``. Its
+        file and the chart next to it (``bench.png``) are copied into the folder so that they are uploaded.
+    training_info: dict (or JSON file) of the training run: ``target``, ``datasets``, ``regenerated`` and any
+        recipe settings (shown as a table), or the ``training_metrics.json`` of ``eagle3-hub train``; default:
+        ``draft_dir/training_info.json``, then ``draft_dir/training_metrics.json``.
+    base_model: the target (Hub id, folder or ``smollm2-135m-instruct``); default from training_info, then the
+        bench settings, then an earlier eagle3-hub card.
+    repo_id: where the draft will live, for the usage snippets (default: the folder path).
+    license: default: the target's license.
+    """
+    from huggingface_hub import ModelCard, ModelCardData
+
+    folder = Path(draft_dir)
+    config_path = folder / "config.json"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.json: pass the folder of a saved draft")
+    config = json.loads(config_path.read_text())
+    readme = folder / "README.md"
+    previous = ModelCard.load(readme, ignore_metadata_errors=True).data.to_dict() if card_is_ours(readme) else {}
+
+    if training_info is None:
+        for name in ("training_info.json", "training_metrics.json"):
+            if (folder / name).is_file():
+                training_info = folder / name
+                break
+    info = _load_json(training_info) or {}
+    if "recipe" in info:  # the training_metrics.json of `eagle3-hub train`
+        info = training_info_from_metrics(info)
+    if bench_json is None and (folder / "bench.json").is_file():
+        bench_json = folder / "bench.json"
+    bench = _load_json(bench_json)
+    if bench is not None and not isinstance(bench_json, dict) and Path(bench_json).resolve() != (folder / "bench.json").resolve():
+        shutil.copyfile(bench_json, folder / "bench.json")
+        if chart is None and (Path(bench_json).parent / "bench.png").is_file():
+            chart = Path(bench_json).parent / "bench.png"
+    if chart is not None and Path(chart).resolve() != (folder / "bench.png").resolve():
+        shutil.copyfile(chart, folder / "bench.png")
+    chart_name = "bench.png" if (folder / "bench.png").is_file() and bench is not None else None
+
+    target = base_model or info.get("target") or previous.get("base_model") or config.get("target_name_or_path")
+    if target is None and bench is not None:
+        target = bench.get("settings", {}).get("target")
+    hub_target = target_hub_id(target) if (target is not None or "target" in info) else None
+    licence = {"license": license} if license else (
+        {k: previous[k] for k in ("license", "license_name", "license_link") if previous.get(k)}
+        or (target_license(target) if (target is not None or "target" in info) else {})
+    )
+    data_ids = datasets or info.get("datasets") or previous.get("datasets") or []
+    data_ids = [d for d in (data_ids if isinstance(data_ids, list) else [data_ids]) if isinstance(d, str) and _HUB_ID.fullmatch(d) and not Path(d).exists()]
+
+    card_data = ModelCardData(
+        base_model=hub_target,
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=list(TAGS),
+        datasets=data_ids or None,
+        **licence,
+    )
+    repo = repo_id or previous.get("eagle3_hub_repo") or str(folder)
+    target_text = f"[{hub_target}](https://huggingface.co/{hub_target})" if hub_target else f"`{target or 'its target'}`"
+    target_code = hub_target or str(target or "TARGET_MODEL")
+    tree_params = None
+    if bench:
+        for sweep in (bench.get("sweep") or {}).values():
+            tree_params = {k: v for k, v in (sweep.get("best") or {}).items() if k != "speedup"} or None
+            break
+        if tree_params is None and bench["settings"].get("tree") and len(bench["settings"]["tree"]) == 1:
+            tree_params = bench["settings"]["tree"][0] or None
+    name = repo.rstrip("/").split("/")[-1]
+    body = "\n".join(
+        part for part in (
+            CARD_MARKER,
+            _what_section(name, target_text, config, count_parameters(folder)),
+            _usage_section(repo, target_code, config, tree_params),
+            _bench_section(bench, chart_name, target_code, repo) if bench else "",
+            _training_section({k: v for k, v in info.items()}),
+            "## License\n\n" + (f"`{licence['license']}`, the license of the target model." if licence.get("license") else
+                                "Same terms as the target model.") + "\n",
+            "## Citation\n\n```bibtex\n@article{li2025eagle3,\n  title={{EAGLE-3}: Scaling up Inference Acceleration of "
+            "Large Language Models via Training-Time Test},\n  author={Li, Yuhui and Wei, Fangyun and Zhang, Chao and "
+            "Zhang, Hongyang},\n  journal={arXiv preprint arXiv:2503.01840},\n  year={2025}\n}\n```\n",
+        ) if part
+    )
+    meta = card_data.to_yaml()
+    if repo_id or previous.get("eagle3_hub_repo"):
+        meta += f"\neagle3_hub_repo: {repo}"
+    card = ModelCard(f"---\n{meta}\n---\n\n{body}")
+    card.save(readme)
+    return readme
+
+
+def add_arguments(parser):
+    parser.add_argument("draft", help="folder of a saved draft; README.md is written there")
+    parser.add_argument("--bench", default=None, help="bench.json of `eagle3-hub bench` (default: DRAFT/bench.json)")
+    parser.add_argument("--training-info", default=None, help="JSON of the training run (default: DRAFT/training_info.json)")
+    parser.add_argument("--base-model", default=None, help="the target: Hub id, folder or smollm2-135m-instruct")
+    parser.add_argument("--repo-id", default=None, help="the Hub repository the draft goes to (for the usage snippets)")
+    parser.add_argument("--license", default=None, help="default: the target's license")
+    parser.add_argument("--dataset", action="append", default=None, help="training dataset Hub id (repeatable)")
+
+
+def run(args) -> int:
+    try:
+        path = write_model_card(
+            args.draft, bench_json=args.bench, training_info=args.training_info, base_model=args.base_model,
+            repo_id=args.repo_id, license=args.license, datasets=args.dataset,
+        )
+    except FileNotFoundError as e:
+        print(f"eagle3-hub card: {e}", file=sys.stderr)
+        return 1
+    print(f"Wrote {path}")
+    return 0

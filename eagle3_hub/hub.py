@@ -1,0 +1,168 @@
+"""``eagle3-hub push``: upload a draft folder to the Hugging Face Hub (``HfApi.create_repo`` + one commit).
+
+What goes up: the folder's weights, ``config.json``, generation config, the code files that
+``trust_remote_code`` needs (taken from the package when the folder lacks them), the model card (written when
+the folder has none, refreshed when it is one eagle3-hub wrote) and the bench chart. Nothing in the folder is
+deleted or changed except that card.
+
+The token comes from ``--token``, then the usual places (``HF_TOKEN``, ``hf auth login``). Offline, without a
+token, or without write access the push stops with a message that says what to do; the folder stays as it is.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import sys
+from pathlib import Path
+
+# files of a training run that do not belong in a published draft
+IGNORE_PATTERNS = [".*", "__pycache__", "*.pyc", "checkpoint-*", "optimizer.pt", "scheduler.pt", "rng_state*.pth",
+                   "trainer_state.json", "events.out.tfevents.*", "runs", "*.tmp"]
+CODE_FILES = ("configuration_eagle3.py", "modeling_eagle3.py", "eagle3_assistant.py")
+
+
+class HubPushError(RuntimeError):
+    """A push that could not happen; the message says why and what to do."""
+
+
+def _ignored(rel: Path, patterns: list[str]) -> bool:
+    return any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in patterns)
+
+
+def files_to_upload(folder: str | Path, ignore_patterns: list[str] | None = None) -> dict[str, Path]:
+    """``{path_in_repo: local file}``: the folder's files minus training leftovers, plus the code files that
+    ``config.json``'s ``auto_map`` needs and the folder lacks."""
+    folder = Path(folder)
+    patterns = IGNORE_PATTERNS if ignore_patterns is None else ignore_patterns
+    files = {
+        p.relative_to(folder).as_posix(): p
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and not _ignored(p.relative_to(folder), patterns)
+    }
+    config = json.loads((folder / "config.json").read_text())
+    needed = {ref.split(".")[0] + ".py" for ref in (config.get("auto_map") or {}).values() if isinstance(ref, str)}
+    if needed & set(CODE_FILES):
+        needed |= set(CODE_FILES)  # modeling imports the assistant mixin and the config
+    package = Path(__file__).resolve().parent
+    for name in sorted(needed):
+        if name not in files and (package / name).is_file():
+            files[name] = package / name
+    return files
+
+
+def check_draft_folder(folder: str | Path) -> Path:
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise HubPushError(f"{folder} is not a folder. Pass the folder of a saved draft (`draft.save_pretrained(folder)`).")
+    if not (folder / "config.json").is_file():
+        raise HubPushError(f"{folder} has no config.json: is it a saved draft (`draft.save_pretrained(folder)`)?")
+    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+        raise HubPushError(f"{folder} has no weights (*.safetensors): save the draft with `draft.save_pretrained(folder)` first.")
+    return folder
+
+
+_NETWORK_ERRORS = {"TransportError", "NetworkError", "ConnectError", "TimeoutException", "ProxyError"}
+
+
+def _is_network_error(error: BaseException | None) -> bool:
+    """Connection refused, DNS failure, timeout... (httpx or its fork that huggingface_hub may use), also when
+    wrapped by another exception."""
+    while error is not None:
+        if isinstance(error, (ConnectionError, TimeoutError)) or _NETWORK_ERRORS & {c.__name__ for c in type(error).__mro__}:
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def _explain(error: Exception, endpoint: str, folder: Path, repo_id: str | None = None) -> HubPushError:
+    """A Hub error as a message that says what to do."""
+    from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
+
+    keep = f" Nothing was changed in {folder}."
+    if isinstance(error, LocalTokenNotFoundError):
+        return HubPushError("No Hugging Face token found. Log in with `hf auth login`, set HF_TOKEN, or pass --token "
+                            "(a token with write access: https://huggingface.co/settings/tokens)." + keep)
+    if isinstance(error, OfflineModeIsEnabled):
+        return HubPushError("HF_HUB_OFFLINE is set: cannot upload. Unset it and push again once online." + keep)
+    if _is_network_error(error):
+        return HubPushError(f"Cannot reach the Hub at {endpoint} ({type(error).__name__}). Check the connection "
+                            "(or HF_ENDPOINT) and push again." + keep)
+    if isinstance(error, HfHubHTTPError) and error.response is not None:
+        status = error.response.status_code
+        if status == 401:
+            return HubPushError("The Hub rejected the token (401 Unauthorized). Log in again with `hf auth login --force` "
+                                "or set a valid HF_TOKEN." + keep)
+        if status == 403:
+            return HubPushError(f"The token may not write to {repo_id or 'this repository'} (403 Forbidden): use a token "
+                                "with write access, or a namespace you own or belong to." + keep)
+        return HubPushError(f"The Hub answered {status}: {str(error).splitlines()[0]}." + keep)
+    return HubPushError(f"Upload failed: {type(error).__name__}: {error}." + keep)
+
+
+def push_draft(
+    folder: str | Path,
+    repo_id: str,
+    private: bool = False,
+    token: str | None = None,
+    commit_message: str | None = None,
+    endpoint: str | None = None,
+    update_card: bool = True,
+    ignore_patterns: list[str] | None = None,
+) -> str:
+    """Create ``repo_id`` (``name`` alone means your own namespace) and upload the draft in ``folder`` in one
+    commit. Returns the URL of the commit. Raises :class:`HubPushError` with a clear message on failure."""
+    from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
+
+    folder = check_draft_folder(folder)
+    endpoint = endpoint or constants.ENDPOINT
+    token = token or get_token()
+    if not token:
+        from huggingface_hub.errors import LocalTokenNotFoundError
+
+        raise _explain(LocalTokenNotFoundError("no token"), endpoint, folder)
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        user = api.whoami()["name"]
+        if "/" not in repo_id:
+            repo_id = f"{user}/{repo_id}"
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+    except Exception as e:
+        raise _explain(e, endpoint, folder, repo_id) from e
+
+    if update_card:
+        from .card import card_is_ours, write_model_card
+
+        readme = folder / "README.md"
+        if not readme.exists() or card_is_ours(readme):
+            write_model_card(folder, repo_id=repo_id)
+    files = files_to_upload(folder, ignore_patterns)
+    operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)) for path, local in files.items()]
+    try:
+        info = api.create_commit(
+            repo_id, operations, repo_type="model",
+            commit_message=commit_message or "Upload EAGLE-3 draft with eagle3-hub",
+        )
+    except Exception as e:
+        raise _explain(e, endpoint, folder, repo_id) from e
+    return info.commit_url
+
+
+def add_arguments(parser):
+    parser.add_argument("draft", help="folder of a saved draft")
+    parser.add_argument("repo_id", help="Hub repository, `name` (your namespace) or `owner/name`")
+    parser.add_argument("--private", action="store_true", help="create the repository as private")
+    parser.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or `hf auth login`)")
+    parser.add_argument("--message", default=None, help="commit message")
+    parser.add_argument("--no-card", action="store_true", help="do not write or refresh README.md")
+
+
+def run(args) -> int:
+    try:
+        url = push_draft(args.draft, args.repo_id, private=args.private, token=args.token,
+                         commit_message=args.message, update_card=not args.no_card)
+    except HubPushError as e:
+        print(f"eagle3-hub push: {e}", file=sys.stderr)
+        return 1
+    print(f"Uploaded {args.draft} -> {url}")
+    return 0
