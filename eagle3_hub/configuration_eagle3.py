@@ -91,6 +91,7 @@ class Eagle3Config(PretrainedConfig):
         self.max_position_embeddings = max_position_embeddings
         self.rms_norm_eps = rms_norm_eps
         self.rope_parameters = dict(rope_parameters)
+        self.rope_theta = self.rope_parameters.get("rope_theta", 10000.0)  # read by SGLang's LlamaConfig path
         self.attention_bias = attention_bias
         self.mlp_bias = mlp_bias
         self.attention_dropout = attention_dropout

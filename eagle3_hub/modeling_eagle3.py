@@ -291,6 +291,7 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
     def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs):
         """Loads a draft in our layout or, when ``eagle3_hub`` is installed, in the EAGLE / SpecForge /
         speculators layouts. ``target=`` binds it (embedding from the target, feature hooks)."""
+        kwargs.setdefault("use_safetensors", True)  # never unpickle weights
         model = None
         try:
             from eagle3_hub.formats import load_foreign_draft  # only present with the package installed
