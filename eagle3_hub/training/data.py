@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 from datasets import Dataset, concatenate_datasets, load_dataset
+from datasets.fingerprint import Hasher
 from tqdm.auto import tqdm
 
 # Named presets: real Hub dataset ids with the split and shape they hold.
@@ -41,6 +42,9 @@ def normalise_example(example: dict) -> dict:
         msgs = [{"role": _ROLE_MAP.get(str(m.get("from", "")).lower(), None), "content": m.get("value")} for m in example["conversations"]]
     else:
         text = next((example[f] for f in _PROMPT_FIELDS if isinstance(example.get(f), str) and example[f].strip()), None)
+        extra = example.get("input")
+        if text is not None and text != extra and isinstance(extra, str) and extra.strip():  # Alpaca: instruction + input
+            text = f"{text}\n\n{extra}"
         msgs = [{"role": "user", "content": text}] if text else []
         reply = next((example[f] for f in _RESPONSE_FIELDS if isinstance(example.get(f), str) and example[f].strip()), None)
         if msgs and reply:  # prompt/response pairs (GSM8K question/answer, Alpaca instruction/output, ...)
@@ -52,23 +56,45 @@ def normalise_example(example: dict) -> dict:
     return {"messages": msgs}
 
 
+def source_spec(source: str | dict) -> dict:
+    """A source of the recipe -> ``load_dataset`` arguments: a preset name (``sharegpt``, ``ultrachat``), a Hub
+    id or local path, or a dict ``{path, split, data_files, max_samples, ...}`` (a preset name as ``path`` too)."""
+    spec = {"path": source} if isinstance(source, str) else dict(source)
+    if not spec.get("path"):
+        raise DataError(f"A data source needs a `path` (a Hub dataset id, a preset or a local file), got {source!r}")
+    preset = PRESETS.get(spec["path"])
+    if preset is not None:
+        spec = {**preset, **{k: v for k, v in spec.items() if k != "path"}}
+    return spec
+
+
 def load_source(source: str | dict, split: str = "train", max_samples: int | None = None) -> Dataset:
     """A Hub dataset id, a preset name, or a local json/jsonl/parquet file or folder -> normalised Dataset."""
-    spec = dict(PRESETS.get(source, {})) if isinstance(source, str) else dict(source)
-    if not spec:
-        spec = {"path": source}
+    spec = source_spec(source)
     path = spec.pop("path")
     split = spec.pop("split", split)
     limit = spec.pop("max_samples", max_samples)
     p = Path(path)
-    if p.exists():
-        files = sorted(str(f) for f in (p.rglob("*") if p.is_dir() else [p]) if f.suffix in (".json", ".jsonl", ".parquet"))
-        if not files:
-            raise DataError(f"{path}: no .json, .jsonl or .parquet files")
-        kind = "parquet" if files[0].endswith(".parquet") else "json"
-        ds = load_dataset(kind, data_files=files, split="train")
-    else:
-        ds = load_dataset(path, split=split, **spec)
+    try:
+        if p.exists():
+            files = sorted(str(f) for f in (p.rglob("*") if p.is_dir() else [p]) if f.suffix in (".json", ".jsonl", ".parquet"))
+            if not files:
+                raise DataError(f"{path}: no .json, .jsonl or .parquet files")
+            if all(os.path.getsize(f) == 0 for f in files):
+                raise DataError(f"{path}: the dataset is empty")
+            kind = "parquet" if files[0].endswith(".parquet") else "json"
+            ds = load_dataset(kind, data_files=files, split="train")
+        else:
+            ds = load_dataset(path, split=split, **spec)
+    except DataError:
+        raise
+    except Exception as e:  # malformed files, unknown Hub ids, no network: say which source and what it holds
+        where = "local file" if p.exists() else "Hub dataset (or a local path that does not exist)"
+        causes, cause = [], e
+        while cause is not None and len(causes) < 4:  # datasets wraps the parser's error: show the chain
+            causes.append(f"{type(cause).__name__}: {cause}".strip().rstrip(":"))
+            cause = cause.__cause__ or cause.__context__
+        raise DataError(f"Could not load the {where} {path!r}: " + " <- ".join(causes)) from e
     if limit:
         ds = ds.select(range(min(limit, len(ds))))
     if len(ds) == 0:
@@ -184,8 +210,13 @@ def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Pa
                 continue
     bar = tqdm(total=num_prompts, initial=min(len(prompts), num_prompts), desc="synthesise prompts", unit="prompt")
     torch.manual_seed(seed + len(prompts))
+    attempts, max_attempts = 0, 10 * num_prompts + batch_size
     with open(cache_path, "a") as f:
         while len(prompts) < num_prompts:
+            if attempts >= max_attempts:
+                raise DataError(f"The target wrote {len(prompts)} usable prompts in {attempts} tries (10..2000 characters "
+                                f"wanted): it cannot self-synthesise; give `data.sources` instead.")
+            attempts += batch_size
             outs = _generate_batch(target, tokenizer, [None] * batch_size, max_new_tokens, temperature, raw_prefix=prefix)
             for text in outs:
                 text = text.split("<|im_end|>")[0].strip()
@@ -210,28 +241,37 @@ def user_prefix(tokenizer) -> str:
 # ---------------------------------------------------------------------------------------------- tokenising
 def render_with_mask(tokenizer, messages: list[dict], max_length: int) -> dict:
     """Chat template + loss mask on assistant tokens only. Works for templates without generation markers:
-    assistant spans are found by rendering growing prefixes of the conversation."""
+    assistant spans are found by rendering growing prefixes of the conversation. Samples longer than
+    ``max_length`` tokens are truncated (``truncated`` says so, for the data report)."""
     full = tokenizer.apply_chat_template(messages, tokenize=False)
     spans = []
     for i, m in enumerate(messages):
         if m["role"] != "assistant":
             continue
-        start = len(tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True))
-        end = len(tokenizer.apply_chat_template(messages[: i + 1], tokenize=False))
-        if full[:end] != tokenizer.apply_chat_template(messages[: i + 1], tokenize=False):
-            raise DataError("The chat template does not render conversations prefix by prefix; cannot find assistant spans.")
-        spans.append((start, end))
-    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True, truncation=True, max_length=max_length)
-    mask = [int(any(s <= a < e for s, e in spans)) for a, _ in enc["offset_mapping"]]
-    return {"input_ids": enc["input_ids"], "loss_mask": mask, "truncated": len(enc["input_ids"]) >= max_length}
+        before = tokenizer.apply_chat_template(messages[:i], tokenize=False, add_generation_prompt=True)
+        upto = tokenizer.apply_chat_template(messages[: i + 1], tokenize=False)
+        if not (full.startswith(before) and full.startswith(upto)):
+            raise DataError(
+                "The chat template does not render conversations prefix by prefix (e.g. it rewrites earlier turns), "
+                "so the assistant tokens cannot be located: use single-turn conversations (regeneration with data.max_turns: 1 "
+                "writes them) or another chat template."
+            )
+        spans.append((len(before), len(upto)))
+    enc = tokenizer(full, add_special_tokens=False, return_offsets_mapping=True)
+    n = len(enc["input_ids"])
+    mask = [int(any(s <= a < e for s, e in spans)) for a, _ in enc["offset_mapping"][:max_length]]
+    return {"input_ids": enc["input_ids"][:max_length], "loss_mask": mask, "truncated": n > max_length}
 
 
 def tokenize_dataset(ds: Dataset, tokenizer, max_length: int, num_proc: int | None = None, min_loss_tokens: int = 1) -> tuple[Dataset, dict]:
-    """Tokenise with loss masks; long samples are truncated (counted), samples without loss tokens dropped (counted)."""
+    """Tokenise with loss masks. Long samples are truncated to ``max_length`` (no packing), samples without loss
+    tokens dropped; both are counted in the returned report."""
     if not tokenizer.chat_template:
         raise DataError("The tokenizer has no chat template: set `chat_template` in the recipe or use a chat model.")
+    # datasets hashes module functions by name: name the code, the tokenizer and the length in the cache key
+    fingerprint = Hasher.hash((ds._fingerprint, inspect.getsource(render_with_mask), tokenizer, max_length))
     out = ds.map(lambda ex: render_with_mask(tokenizer, ex["messages"], max_length), remove_columns=ds.column_names,
-                 num_proc=num_proc, desc="tokenise")
+                 num_proc=num_proc, desc="tokenise", new_fingerprint=fingerprint)
     n_trunc = sum(out["truncated"])
     kept = out.filter(lambda ex: sum(ex["loss_mask"]) >= min_loss_tokens, desc="drop samples without loss tokens")
     report = {"samples": len(out), "truncated": n_trunc, "dropped_no_loss_tokens": len(out) - len(kept), "kept": len(kept)}
@@ -256,7 +296,11 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
             ds = ds.shuffle(seed=seed).select(range(min(n, len(ds))))
         parts.append(ds)
     if synthesize:
-        parts.append(synthesize_prompts(target, tokenizer, synthesize, work_dir / f"synth-seed{seed}.jsonl", seed=seed))
+        synth = synthesize_prompts(target, tokenizer, synthesize, work_dir / f"synth-seed{seed}.jsonl", seed=seed)
+        if not regenerate_responses:  # the dataset's answers are kept, but synthesised prompts have none yet
+            synth = regenerate(synth, target, tokenizer, work_dir / f"answers-synth-seed{seed}-{synthesize}-{max_new_tokens}.jsonl",
+                               max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size)
+        parts.append(synth)
     if not parts:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
     ds = concatenate_datasets(parts)
@@ -282,11 +326,12 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     ds = dedupe(ds.filter(length_ok, desc="length filter")).shuffle(seed=seed).flatten_indices()
     print(f"[data] {before} samples, {len(ds)} after length filter and dedupe")
     if regenerate_responses:
-        key = hashlib.sha1(f"{ds._fingerprint}:{max_new_tokens}:{temperature}:{max_turns}".encode()).hexdigest()[:10]
+        who = getattr(target, "name_or_path", None) or getattr(target.config, "_name_or_path", "")
+        key = hashlib.sha1(f"{ds._fingerprint}:{who}:{max_new_tokens}:{temperature}:{max_turns}".encode()).hexdigest()[:10]
         ds = regenerate(ds, target, tokenizer, work_dir / f"regen-{key}.jsonl", max_new_tokens=max_new_tokens,
                         temperature=temperature, batch_size=batch_size, max_turns=max_turns)
     return ds
 
 
-__all__ = ["PRESETS", "DataError", "normalise_example", "load_source", "dedupe", "regenerate", "synthesize_prompts",
+__all__ = ["PRESETS", "DataError", "normalise_example", "source_spec", "load_source", "dedupe", "regenerate", "synthesize_prompts",
            "user_prefix", "render_with_mask", "tokenize_dataset", "build_conversations"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 from pathlib import Path
 
 import yaml
@@ -53,6 +54,22 @@ DEFAULTS: dict = {
 }
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """YAML with YAML 1.2 floats: ``3e-4`` is a number (PyYAML's YAML 1.1 reads it as a string)."""
+
+
+RecipeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+               r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."),
+)
+
+
+def _load_yaml(text):
+    return yaml.load(text, Loader=RecipeLoader)
+
+
 def _merge(base: dict, update: dict, path: str = "") -> dict:
     for key, value in update.items():
         if key not in base:
@@ -84,7 +101,7 @@ def parse_overrides(pairs: list[str]) -> dict:
         keys = flag[2:].replace("-", "_").split(".")
         for k in keys[:-1]:
             node = node.setdefault(k, {})
-        node[keys[-1]] = yaml.safe_load(raw)
+        node[keys[-1]] = _load_yaml(raw)
     return out
 
 
@@ -92,7 +109,7 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -
     recipe = copy.deepcopy(DEFAULTS)
     if path is not None:
         with open(path) as f:
-            _merge(recipe, yaml.safe_load(f) or {})
+            _merge(recipe, _load_yaml(f) or {})
     if overrides:
         _merge(recipe, overrides)
     if recipe["output_dir"] is None:

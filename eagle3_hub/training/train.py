@@ -26,6 +26,7 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .. import Eagle3DraftModel
+from ..hub import HubPushError
 from ..targets import check_aux_layer_ids, load_target, num_decoder_layers
 from .data import DataError, build_conversations, tokenize_dataset
 from .features import OfflineFeatures, aux_features
@@ -55,45 +56,76 @@ def collate(batch: list[dict], pad_id: int) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- stages
+def data_key(recipe: dict, tokenizer) -> dict:
+    """What the tokenised data depends on: a different key rebuilds it (the `datasets` cache keeps reruns cheap)."""
+    target = {k: v for k, v in recipe["target"].items() if k != "dtype"}
+    return {"data": recipe["data"], "seed": recipe["train"]["seed"], "target": target,
+            "tokenizer": getattr(tokenizer, "name_or_path", None)}
+
+
 def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
     """Conversations -> tokenised train/eval splits, saved under work_dir/data (reruns reuse them)."""
     work = Path(recipe["work_dir"]) / "data"
     final = work / "tokenized"
+    key_path = work / "data_key.json"
     d = recipe["data"]
-    if accelerator.is_main_process and not (final / "dataset_dict.json").exists():
+    key = json.loads(json.dumps(data_key(recipe, tokenizer)))
+    # a folder written before data_key.json existed is reused as is
+    stale = key_path.exists() and json.loads(key_path.read_text()) != key
+    if accelerator.is_main_process and (stale or not (final / "dataset_dict.json").exists()):
+        if stale:
+            print(f"[data] the data settings changed since {final} was written: rebuilding it")
         convs = build_conversations(
             d["sources"], target, tokenizer, work, seed=recipe["train"]["seed"], synthesize=d["synthesize"],
             regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
             batch_size=d["gen_batch_size"], max_turns=d["max_turns"], strip_patterns=d["strip_patterns"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
+        if len(tok) < 2:
+            raise DataError(f"Only {len(tok)} usable sample(s) ({report}): training needs at least 2 (train + held-out).")
         tok = tok.add_column("index", list(range(len(tok))))
         n_eval = min(d["eval_samples"], max(1, len(tok) // 10))
         split = tok.train_test_split(test_size=n_eval, seed=recipe["train"]["seed"])
         tmp = work / "tokenized.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         split.save_to_disk(str(tmp))
+        old = work / "tokenized.old"
+        shutil.rmtree(old, ignore_errors=True)
+        if final.exists():
+            os.replace(final, old)
         os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
         atomic_write_json(work / "data_report.json", {**report, "train": len(split["train"]), "eval": len(split["test"])})
+        atomic_write_json(key_path, key)
         print(f"[data] {report}; train {len(split['train'])}, eval {len(split['test'])}")
     accelerator.wait_for_everyone()
     split = load_from_disk(str(final))
     return split["train"], split["test"]
 
 
-def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int) -> tuple[torch.Tensor, dict]:
+def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids: torch.Tensor | None = None,
+                  write: bool = True) -> tuple[torch.Tensor, dict]:
+    """The draft vocabulary (``vocab.json`` in work_dir): the most frequent loss tokens, or ``draft_ids`` (the
+    target ids of an existing draft's vocabulary, ``draft.init_from``), with the coverage either achieves."""
     path = Path(recipe["work_dir"]) / "vocab.json"
-    size = recipe["draft"]["draft_vocab_size"] or vocab_size
-    if path.exists():
+    size = len(draft_ids) if draft_ids is not None else recipe["draft"]["draft_vocab_size"] or vocab_size
+    data = getattr(train_ds, "_fingerprint", None)
+    if path.exists() and draft_ids is None:
         saved = json.loads(path.read_text())
-        if saved["draft_vocab_size"] == size:
+        if saved["draft_vocab_size"] == size and saved.get("data", data) == data:
             return torch.tensor(saved["target_ids"]), saved
     counts = token_counts(train_ds, vocab_size)
-    ids, coverage = select_draft_vocab(counts, size, always_include=[tokenizer.eos_token_id])
+    if draft_ids is None:
+        ids, coverage = select_draft_vocab(counts, size, always_include=[tokenizer.eos_token_id])
+    else:
+        ids = torch.as_tensor(draft_ids).cpu()
+        coverage = counts[ids].sum().item() / max(1, counts.sum().item())
     info = {"draft_vocab_size": size, "coverage": coverage, "coverage_by_size": coverage_table(counts),
-            "loss_tokens": int(counts.sum()), "target_ids": ids.tolist()}
-    atomic_write_json(path, info)
-    print(f"[vocab] {size} tokens cover {coverage:.2%} of {int(counts.sum())} loss tokens")
+            "loss_tokens": int(counts.sum()), "from_draft": draft_ids is not None, "data": data,
+            "target_ids": ids.tolist()}
+    if write:  # every process computes the same selection; one writes it
+        atomic_write_json(path, info)
+        print(f"[vocab] {size} tokens cover {coverage:.2%} of {int(counts.sum())} loss tokens")
     return ids, info
 
 
@@ -109,6 +141,7 @@ def save_checkpoint(accelerator: Accelerator, ckpt_root: Path, step: int, state:
         ckpt_root.mkdir(parents=True, exist_ok=True)
     tmp = ckpt_root / f".tmp-step-{step}"
     accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()  # every process has written its part (RNG states) before the rename
     if accelerator.is_main_process:
         atomic_write_json(tmp / "trainer_state.json", state)
         final = ckpt_root / f"step-{step}"
@@ -139,68 +172,117 @@ def evaluate(draft, target, loader, recipe, features, accelerator) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------- main
+def check_recipe(recipe: dict) -> None:
+    """Checks that need no model, made before anything is loaded or written."""
+    t, d, data = recipe["train"], recipe["draft"], recipe["data"]
+    if recipe["features"]["mode"] not in ("online", "offline"):
+        raise ValueError(f"features.mode must be `online` or `offline`, got {recipe['features']['mode']!r}")
+    if recipe["lora"]["enabled"] and not d["init_from"]:
+        raise ValueError("lora.enabled adapts an existing draft: set draft.init_from to its folder or Hub id.")
+    positive = ["ttt_steps", "batch_size", "grad_accum", "save_every", "eval_every", "log_every", "keep_checkpoints", "epochs"]
+    bad = [f"train.{k}={t[k]!r}" for k in positive if isinstance(t[k], bool) or not isinstance(t[k], int) or t[k] < 1]
+    if t["max_steps"] is not None and (not isinstance(t["max_steps"], int) or t["max_steps"] < 1):
+        bad.append(f"train.max_steps={t['max_steps']!r}")
+    if not isinstance(data["max_length"], int) or data["max_length"] < 4:
+        bad.append(f"data.max_length={data['max_length']!r}")
+    if bad:
+        raise ValueError(f"Expected positive integers: {', '.join(bad)}")
+    if d["draft_vocab_size"] is not None and (not isinstance(d["draft_vocab_size"], int) or d["draft_vocab_size"] < 1):
+        raise ValueError(f"draft.draft_vocab_size must be a positive integer or null, got {d['draft_vocab_size']!r}")
+    if not data["sources"] and not data["synthesize"]:
+        raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
+
+
+def load_init_draft(path: str, target) -> Eagle3DraftModel:
+    """An existing draft to continue from (``draft.init_from``): it must fit the target."""
+    draft = Eagle3DraftModel.from_pretrained(path, target=target)  # checks the fit, shares the target's embedding
+    return draft.unbind(keep_target=False)  # training calls the target itself: no feature hooks
+
+
 def train(recipe: dict, resume: bool = False) -> Path:
-    t = recipe["train"]
+    """Run a recipe (see ``recipe.DEFAULTS`` and recipes/README.md) and return the draft folder.
+
+    Bad input (recipe values, target, draft vocabulary size, aux layers, an existing draft that does not fit,
+    missing chat template, empty or malformed data) raises before anything is written to work_dir. With
+    ``resume``, training continues from the latest checkpoint in work_dir and ends where an uninterrupted run
+    would have ended (same data order, optimizer, scheduler and RNG state)."""
+    check_recipe(recipe)
+    t, d = recipe["train"], recipe["draft"]
     if t["num_threads"]:
         torch.set_num_threads(int(t["num_threads"]))
     mp = t["mixed_precision"]
     if mp == "auto":  # bf16 autocast on GPUs that have it; on CPUs without bf16 units it is 4x slower than fp32
         mp = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if torch.cuda.is_available() else "no"
     work = Path(recipe["work_dir"])
+    # the scheduler is stepped once per optimizer step here (accelerate would step it once per process)
     accelerator = Accelerator(mixed_precision=mp, gradient_accumulation_steps=t["grad_accum"],
-                              log_with="tensorboard", project_dir=str(work))
+                              log_with="tensorboard", project_dir=str(work), step_scheduler_with_optimizer=False)
     set_seed(t["seed"])
+
+    # ---- the target and everything that can be checked before writing
     tg = recipe["target"]
     target, tokenizer = load_target(tg["name"], dtype=tg["dtype"], device=accelerator.device,
                                     gguf_file=tg["gguf_file"], adapter=tg["adapter"])
+    if not tokenizer.chat_template:
+        raise DataError(f"The tokenizer of {tg['name'] or 'the target'} has no chat template: the loss mask needs one. "
+                        "Use a chat (instruct) model, or add a chat_template to its tokenizer_config.json.")
     L = num_decoder_layers(target)
-    if recipe["draft"]["aux_layer_ids"] is not None:
-        check_aux_layer_ids(recipe["draft"]["aux_layer_ids"], L)
+    if d["aux_layer_ids"] is not None:
+        check_aux_layer_ids(d["aux_layer_ids"], L)
     vocab_size = target.config.get_text_config().vocab_size
-    size = recipe["draft"]["draft_vocab_size"]
+    size = d["draft_vocab_size"]
     if size is not None and not 0 < size <= vocab_size:
         raise ValueError(f"draft.draft_vocab_size={size} must be in 1..{vocab_size} (the target vocabulary)")
+    init = load_init_draft(d["init_from"], target) if d["init_from"] else None
+    if init is not None and size != init.config.draft_vocab_size and accelerator.is_main_process:
+        print(f"[vocab] draft.init_from keeps its own vocabulary of {init.config.draft_vocab_size} tokens "
+              f"(draft.draft_vocab_size={size} is not used)")
 
+    # ---- data (cached in work_dir/data) and the draft vocabulary
     train_ds, eval_ds = prepare_data(recipe, target, tokenizer, accelerator)
-    vocab_ids, vocab_info = prepare_vocab(recipe, train_ds, tokenizer, vocab_size)
+    init_ids = init.draft_to_target_ids(torch.arange(init.config.draft_vocab_size, device=init.d2t.device)) if init is not None else None
+    vocab_ids, vocab_info = prepare_vocab(recipe, train_ds, tokenizer, vocab_size, draft_ids=init_ids,
+                                          write=accelerator.is_main_process)
+    accelerator.wait_for_everyone()
 
     # ---- the draft (fresh, from an existing one, or LoRA adapters on an existing one)
-    d = recipe["draft"]
-    if d["init_from"]:
-        draft = Eagle3DraftModel.from_pretrained(d["init_from"], target=target)
+    if init is not None:
+        draft = init
     else:
         draft = Eagle3DraftModel.from_target(target, aux_layer_ids=d["aux_layer_ids"], draft_vocab_size=size,
                                              intermediate_size=d["intermediate_size"])
         draft.set_vocab_mapping(vocab_ids)
-    draft = draft.float().to(accelerator.device)
+    draft = draft.float().to(accelerator.device)  # fp32 master weights; autocast does the rest
     draft.embed_tokens.weight.requires_grad_(False)
     if recipe["lora"]["enabled"]:
         from peft import LoraConfig, get_peft_model
 
         lc = recipe["lora"]
+        draft.requires_grad_(False)
         draft = get_peft_model(draft, LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=lc["dropout"],
                                                  target_modules=lc["target_modules"]))
     if t["gradient_checkpointing"]:
         draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     draft.train()
+    aux_ids = draft_aux_ids(draft)
 
     # ---- features
-    features = OfflineFeatures(recipe, target, draft_aux_ids(draft), accelerator) if recipe["features"]["mode"] == "offline" else None
+    features = OfflineFeatures(recipe, target, aux_ids, accelerator) if recipe["features"]["mode"] == "offline" else None
     if features is not None:
         features.build([train_ds, eval_ds], tokenizer.pad_token_id)
 
     def get_features(batch):
         if features is not None:
             return features.load(batch)
-        return aux_features(target, batch["input_ids"], batch["attention_mask"], draft_aux_ids(draft))
+        return aux_features(target, batch["input_ids"], batch["attention_mask"], aux_ids)
 
+    # ---- loaders, optimizer, schedule
     pad = tokenizer.pad_token_id
     g = torch.Generator().manual_seed(t["seed"])
     train_loader = DataLoader(train_ds, batch_size=t["batch_size"], shuffle=True, generator=g, collate_fn=lambda b: collate(b, pad))
     eval_loader = DataLoader(eval_ds, batch_size=t["batch_size"], shuffle=False, collate_fn=lambda b: collate(b, pad))
-    params = [p for p in draft.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
-    steps_per_epoch = math.ceil(len(train_loader) / t["grad_accum"])
+    train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
+    steps_per_epoch = math.ceil(len(train_loader) / t["grad_accum"])  # per process: each one sees its shard
     total_steps = t["max_steps"] or steps_per_epoch * t["epochs"]
 
     def lr_lambda(step):  # linear warmup, cosine to 10%
@@ -209,13 +291,15 @@ def train(recipe: dict, resume: bool = False) -> Path:
         progress = min(1.0, (step - t["warmup_steps"]) / max(1, total_steps - t["warmup_steps"]))
         return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
+    params = [p for p in draft.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=t["lr"], betas=tuple(t["betas"]), weight_decay=t["weight_decay"])
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda)
-    draft, optimizer, train_loader, eval_loader, scheduler = accelerator.prepare(draft, optimizer, train_loader, eval_loader, scheduler)
+    draft, optimizer, scheduler = accelerator.prepare(draft, optimizer, scheduler)
     accelerator.init_trackers("tensorboard")
 
     # ---- resume
     ckpt_root = work / "checkpoints"
-    step, epoch, skip = 0, 0, 0
+    step, epoch, skip, wall_before = 0, 0, 0, 0.0
     history: list = []
     last = latest_checkpoint(ckpt_root) if resume else None
     if resume and last is None:
@@ -224,11 +308,15 @@ def train(recipe: dict, resume: bool = False) -> Path:
         accelerator.load_state(str(last))
         state = json.loads((last / "trainer_state.json").read_text())
         step, epoch, skip, history = state["step"], state["epoch"], state["batches_in_epoch"], state["eval_history"]
+        wall_before = state.get("wall_time_s", 0.0)
         accelerator.print(f"[resume] from {last} (step {step}, epoch {epoch}, batch {skip})")
+    if accelerator.is_main_process and ckpt_root.exists():
+        for stale in ckpt_root.glob(".tmp-step-*"):  # a checkpoint whose writing was killed
+            shutil.rmtree(stale, ignore_errors=True)
 
     bar = tqdm(total=total_steps, initial=step, desc="train", unit="step", disable=not accelerator.is_local_main_process)
     tokens_seen, t0 = 0, time.time()
-    metrics_path = Path(recipe["output_dir"]).with_name(Path(recipe["output_dir"]).name + "-metrics.json")
+    eval_path = work / "eval_metrics.json"
     while step < total_steps:
         if hasattr(train_loader, "set_epoch"):
             train_loader.set_epoch(epoch)
@@ -243,12 +331,13 @@ def train(recipe: dict, resume: bool = False) -> Path:
                                    ttt_steps=t["ttt_steps"], step_weight=t["step_weight"])
                 accelerator.backward(out.loss)
                 if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(params, t["grad_clip"])
+                    accelerator.clip_grad_norm_(draft.parameters(), t["grad_clip"])
                 optimizer.step()
-                scheduler.step()
+                if accelerator.sync_gradients:
+                    scheduler.step()
                 optimizer.zero_grad()
             batches_in_epoch += 1
-            tokens_seen += int(batch["attention_mask"].sum())
+            tokens_seen += int(batch["attention_mask"].sum()) * accelerator.num_processes
             if not accelerator.sync_gradients:
                 continue
             step += 1
@@ -267,9 +356,12 @@ def train(recipe: dict, resume: bool = False) -> Path:
                 accelerator.print(f"[eval] step {step}: loss {m['loss']:.3f}, expected acceptance length "
                                   f"{m['expected_acceptance_length']:.2f}, step accuracy "
                                   + " ".join(f"{a:.2f}" for a in m["step_accuracy"]))
+                if accelerator.is_main_process:
+                    atomic_write_json(eval_path, {"eval_history": history})
             if step % t["save_every"] == 0 or step == total_steps:
                 save_checkpoint(accelerator, ckpt_root, step, {"step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
-                                                                "eval_history": history}, t["keep_checkpoints"])
+                                                                "eval_history": history,
+                                                                "wall_time_s": wall_before + time.time() - t0}, t["keep_checkpoints"])
             if step >= total_steps:
                 break
         else:
@@ -278,21 +370,39 @@ def train(recipe: dict, resume: bool = False) -> Path:
         break
     bar.close()
     accelerator.end_training()
+    wall = wall_before + time.time() - t0
 
-    # ---- the draft folder
+    # ---- the draft folder: weights (or the LoRA adapter), training_metrics.json, model card
     out_dir = Path(recipe["output_dir"])
+    state_dict = accelerator.get_state_dict(draft)  # collective: gathers a sharded (FSDP) draft on every process
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(draft)
-        export_draft(model, out_dir, tokenizer)
-        info = {"recipe": recipe, "vocab": {k: v for k, v in vocab_info.items() if k != "target_ids"},
-                "data": json.loads((work / "data" / "data_report.json").read_text()),
-                "steps": step, "eval_history": history, "wall_time_s": None}
-        atomic_write_json(out_dir / "training_metrics.json", info)
-        accelerator.print(f"[done] draft written to {out_dir}")
+        final = history[-1] if history else {}
+        metrics = {
+            "recipe": recipe,
+            "vocab": {k: v for k, v in vocab_info.items() if k != "target_ids"},
+            "data": json.loads((work / "data" / "data_report.json").read_text()),
+            "steps": step,
+            # the held-out split at the last step: accuracy of draft step k vs the target's argmax, and the
+            # expected number of tokens per target forward when a chain of ttt_steps drafts is verified
+            "acceptance": {k: final.get(k) for k in ("step", "loss", "step_accuracy", "chain_acceptance", "expected_acceptance_length")},
+            "eval_history": history,
+            "wall_time_s": round(wall, 1),
+        }
+        export_draft(model, out_dir, metrics=metrics, state_dict=state_dict)
+        if not recipe["lora"]["enabled"]:
+            try:
+                from ..card import write_model_card
+
+                write_model_card(out_dir, training_info=metrics)
+            except Exception as e:  # the draft is complete without its card; `eagle3-hub card` writes it later
+                print(f"[card] could not write the model card ({type(e).__name__}: {e}); run `eagle3-hub card {out_dir}`")
+        accelerator.print(f"[done] draft written to {out_dir} ({step} steps, {wall / 60:.1f} min)")
         if recipe["push_to_hub"]:
             from ..hub import push_draft
 
-            push_draft(out_dir, recipe["push_to_hub"], private=recipe["private"])
+            url = push_draft(out_dir, recipe["push_to_hub"], private=recipe["private"])
+            accelerator.print(f"[push] {url}")
     return out_dir
 
 
@@ -303,18 +413,24 @@ def draft_aux_ids(draft) -> list[int]:
     return model.config.aux_layer_ids
 
 
-def export_draft(model, out_dir: Path, tokenizer=None) -> None:
-    """bf16 weights without the target's embedding, written to a temporary folder and renamed into place.
-    A LoRA draft is saved as its adapter (a ``PeftModel`` of the draft)."""
+def export_draft(model, out_dir: Path, metrics: dict | None = None, state_dict: dict | None = None) -> None:
+    """bf16 weights without the target's embedding (+ ``training_metrics.json``), written to a temporary folder
+    and renamed into place. A LoRA draft is saved as its adapter (a ``PeftModel`` of the draft), in fp32.
+    ``state_dict``: the full weights when ``model`` is sharded (``accelerator.get_state_dict``)."""
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.with_name(f".tmp-{out_dir.name}")
     shutil.rmtree(tmp, ignore_errors=True)
     if hasattr(model, "peft_config"):
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=state_dict)
     else:
-        model = model.to(torch.bfloat16)
-        model.save_pretrained(tmp, save_embeddings=False)
+        model = model.to(torch.bfloat16)  # (config.json says bfloat16)
+        state_dict = model.state_dict() if state_dict is None else state_dict
+        state_dict = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).cpu().contiguous()
+                      for k, v in state_dict.items() if k != "embed_tokens.weight"}
+        model.save_pretrained(tmp, state_dict=state_dict)
+    if metrics is not None:
+        atomic_write_json(tmp / "training_metrics.json", metrics)
     old = out_dir.with_name(f".old-{out_dir.name}")
     shutil.rmtree(old, ignore_errors=True)
     if out_dir.exists():
@@ -331,12 +447,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    overrides = parse_overrides([a for a in (args.overrides or []) if a != "--"])
+    recipe = None
     try:
+        overrides = parse_overrides([a for a in (args.overrides or []) if a != "--"])
         recipe = load_recipe(args.config, overrides)
         train(recipe, resume=args.resume)
-    except (DataError, KeyError, ValueError, FileNotFoundError) as e:
-        print(f"eagle3-hub train: error: {e}", file=sys.stderr)
+    except HubPushError as e:
+        out = recipe["output_dir"] if recipe else "the output folder"
+        print(f"eagle3-hub train: the draft is saved in {out} but the upload failed: {e}\n"
+              f"Retry with: eagle3-hub push {out} {recipe['push_to_hub'] if recipe else 'REPO_ID'}", file=sys.stderr)
+        return 1
+    except (DataError, KeyError, ValueError, OSError) as e:
+        message = e.args[0] if isinstance(e, KeyError) and e.args else e
+        print(f"eagle3-hub train: error: {message}", file=sys.stderr)
         return 2
     return 0
 

@@ -40,6 +40,14 @@ def causal_mask(seq_len: int, dtype: torch.dtype, device) -> torch.Tensor:
     return mask[None, None]
 
 
+def draft_core(draft):
+    """The draft under a data-parallel wrapper (``DistributedDataParallel.module``); a PEFT model forwards
+    attribute access itself."""
+    while not hasattr(draft, "t2d") and hasattr(draft, "module"):
+        draft = draft.module
+    return draft
+
+
 def ttt_loss(
     draft,
     aux_hidden_states: torch.Tensor,  # (b, s, 3*Ht) target features at the aux layers
@@ -52,13 +60,14 @@ def ttt_loss(
 ) -> TTTOutput:
     b, s = input_ids.shape
     device = input_ids.device
+    core = draft_core(draft)  # `draft` may be wrapped (DDP); its forward is called, the vocabulary maps read here
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
     loss_mask = loss_mask.bool() & attention_mask.bool()
     with torch.no_grad():
-        draft_ids = torch.arange(draft.config.draft_vocab_size, device=device) + draft.d2t  # (Vd,) target ids
+        draft_ids = torch.arange(core.config.draft_vocab_size, device=device) + core.d2t  # (Vd,) target ids
         target_argmax = target_logits.argmax(-1)  # (b, s)
-        in_vocab = draft.t2d[target_argmax]  # (b, s): the target's choice is reachable by the draft
+        in_vocab = core.t2d[target_argmax]  # (b, s): the target's choice is reachable by the draft
         target_p = target_logits.index_select(-1, draft_ids).float().softmax(-1)  # (b, s, Vd)
         target_argmax_draft = target_p.argmax(-1)  # (b, s) in draft ids
 

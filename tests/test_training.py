@@ -1,0 +1,717 @@
+"""`eagle3-hub train`: data shapes, loss masks, draft vocabulary, the TTT objective against a naive
+step-by-step reference, features (online / offline), end-to-end runs on a tiny random target (and one short
+run on the real SmolLM2-135M), resume after SIGKILL, LoRA mode and bad input.
+
+Everything runs in float32 on the CPU. The tiny target has SmolLM2's tokenizer and chat template (49152
+tokens), 3 decoder layers of width 64 and a sharpened output head, so that its next-token choices are
+learnable and regenerated answers contain the tokens it predicts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from collections import namedtuple
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from datasets import Dataset
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny_models import make_tiny_target  # noqa: E402
+
+from eagle3_hub import Eagle3DraftModel  # noqa: E402
+from eagle3_hub.targets import load_target, resolve_target  # noqa: E402
+from eagle3_hub.training import features as features_module  # noqa: E402
+from eagle3_hub.training.data import (  # noqa: E402
+    PRESETS,
+    DataError,
+    build_conversations,
+    load_source,
+    normalise_example,
+    render_with_mask,
+    source_spec,
+    tokenize_dataset,
+    user_prefix,
+)
+from eagle3_hub.training.features import OfflineFeatures, aux_features  # noqa: E402
+from eagle3_hub.training.recipe import load_recipe, parse_overrides  # noqa: E402
+from eagle3_hub.training.train import collate, run, train  # noqa: E402
+from eagle3_hub.training.ttt import acceptance_metrics, ttt_loss  # noqa: E402
+from eagle3_hub.training.vocab import coverage_table, select_draft_vocab, token_counts  # noqa: E402
+
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+# ----------------------------------------------------------------------------------------------- fixtures
+@pytest.fixture(scope="module")
+def smol_tokenizer():
+    return AutoTokenizer.from_pretrained(resolve_target(None)[0])
+
+
+@pytest.fixture(scope="module")
+def tiny_target_dir(tmp_path_factory, smol_tokenizer):
+    """A random 3-layer Llama with SmolLM2's tokenizer, saved so that `load_target(folder)` works."""
+    folder = tmp_path_factory.mktemp("tiny_target")
+    tok = smol_tokenizer
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                         tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                         pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        model.lm_head.weight.mul_(40)  # peaked next-token distributions: something a draft can learn
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def write_jsonl(path: Path, rows: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+    """Local files in the shapes of the presets and the common chat formats."""
+    d = tmp_path_factory.mktemp("data")
+    write_jsonl(d / "sharegpt.jsonl", [  # ShareGPT: conversations with from/value (+ an id)
+        {"id": f"s{i}", "conversations": [{"from": "human", "value": f"What is {i} plus {i + 1}?"},
+                                          {"from": "gpt", "value": f"{i} plus {i + 1} is {2 * i + 1}."}]}
+        for i in range(40)
+    ])
+    Dataset.from_list([  # UltraChat-200k: prompt, prompt_id, messages (role/content)
+        {"prompt": f"Name a colour number {i}.", "prompt_id": str(i),
+         "messages": [{"role": "user", "content": f"Name a colour number {i}."},
+                      {"role": "assistant", "content": "Blue." if i % 2 else "Green, like grass."},
+                      {"role": "user", "content": "Another one?"},
+                      {"role": "assistant", "content": "Red."}]}
+        for i in range(12)
+    ]).to_parquet(str(d / "ultrachat.parquet"))
+    (d / "prompts.json").write_text(json.dumps([{"prompt": f"Write a haiku about the number {i}."} for i in range(6)]))
+    write_jsonl(d / "alpaca.jsonl", [{"instruction": "Translate to French.", "input": "cat", "output": "chat"}])
+    return d
+
+
+def recipe_for(tmp_path: Path, target_dir: Path, sources: list, **sections) -> dict:
+    """A small recipe on the tiny target; `sections` override recipe sections key by key."""
+    recipe = {
+        "target": {"name": str(target_dir), "dtype": "float32"},
+        "draft": {"draft_vocab_size": 256},
+        "data": {"sources": [str(s) if isinstance(s, Path) else s for s in sources], "regenerate": False,
+                 "max_length": 64, "eval_samples": 4},
+        "train": {"ttt_steps": 3, "max_steps": 6, "batch_size": 4, "warmup_steps": 2, "save_every": 3,
+                  "eval_every": 3, "log_every": 1, "num_threads": 1},
+        "work_dir": str(tmp_path / "work"),
+    }
+    for section, values in sections.items():
+        if isinstance(values, dict):
+            recipe.setdefault(section, {}).update(values)
+        else:
+            recipe[section] = values
+    return load_recipe(None, recipe)
+
+
+def write_recipe(path: Path, recipe: dict) -> Path:
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, tiny_target_dir, data_dir):
+    """One end-to-end run: regenerated answers, 30 steps, eval every 10. Returns (recipe, draft folder)."""
+    tmp = tmp_path_factory.mktemp("e2e")
+    recipe = recipe_for(tmp, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
+                        data={"regenerate": True, "max_new_tokens": 16},
+                        train={"max_steps": 30, "lr": 5e-3, "eval_every": 10, "save_every": 10})
+    out = train(recipe)
+    return recipe, out
+
+
+# ----------------------------------------------------------------------------------------------- data
+def test_every_chat_shape_is_normalised_to_messages():
+    sharegpt = {"conversations": [{"from": "gpt", "value": "Hi!"}, {"from": "human", "value": "Hello"},
+                                  {"from": "gpt", "value": "Hi, how can I help?"}, {"from": "tool", "value": "x"}]}
+    assert normalise_example(sharegpt)["messages"] == [  # leading assistant turn and unknown roles dropped
+        {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi, how can I help?"}]
+    openai = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
+                           {"role": "assistant", "content": "4"}, {"role": "user", "content": "   "}]}
+    assert normalise_example(openai)["messages"] == openai["messages"][:3]
+    assert normalise_example({"prompt": "Tell me a joke."})["messages"] == [{"role": "user", "content": "Tell me a joke."}]
+    assert normalise_example({"question": "1+1?", "answer": "2"})["messages"] == [
+        {"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]
+    assert normalise_example({"instruction": "Translate.", "input": "cat", "output": "chat"})["messages"][0] == {
+        "role": "user", "content": "Translate.\n\ncat"}
+    assert normalise_example({"unrelated": 3})["messages"] == []
+
+
+def test_local_files_of_each_shape_and_the_presets(data_dir):
+    sharegpt = load_source(str(data_dir / "sharegpt.jsonl"))
+    assert len(sharegpt) == 40 and sharegpt[3]["messages"][1] == {"role": "assistant", "content": "3 plus 4 is 7."}
+    ultrachat = load_source({"path": str(data_dir / "ultrachat.parquet"), "max_samples": 5})
+    assert len(ultrachat) == 5 and [m["role"] for m in ultrachat[0]["messages"]] == ["user", "assistant"] * 2
+    prompts = load_source(str(data_dir / "prompts.json"))
+    assert prompts[0]["messages"] == [{"role": "user", "content": "Write a haiku about the number 0."}]
+    # the presets name the real Hub datasets (not downloadable here: their shapes are the files above)
+    assert source_spec("ultrachat") == {"path": "HuggingFaceH4/ultrachat_200k", "split": "train_sft"}
+    assert source_spec("sharegpt")["path"] == PRESETS["sharegpt"]["path"] == "Aeala/ShareGPT_Vicuna_unfiltered"
+    assert source_spec({"path": "ultrachat", "max_samples": 7})["max_samples"] == 7
+
+
+def test_dedupe_length_filter_and_seeded_order(tmp_path, data_dir, smol_tokenizer):
+    rows = [{"prompt": "Same question?", "response": "a"}, {"prompt": "same   QUESTION?", "response": "b"},
+            {"prompt": "Other question?", "response": "c"}, {"prompt": "x" * 30000, "response": "too long"}]
+    rows += [{"prompt": f"Question {i}?", "response": str(i)} for i in range(20)]
+    path = write_jsonl(tmp_path / "dups.jsonl", rows)
+    kw = dict(target=None, tokenizer=smol_tokenizer, work_dir=tmp_path / "w", regenerate_responses=False)
+    a = build_conversations([str(path)], seed=1, **kw)
+    firsts = [ex["messages"][0]["content"] for ex in a]
+    assert len(a) == 22 and "x" * 30000 not in firsts and sum(f.lower().startswith("same") for f in firsts) == 1
+    assert [ex["messages"] for ex in build_conversations([str(path)], seed=1, **kw)] == list(a["messages"])
+    assert [ex["messages"] for ex in build_conversations([str(path)], seed=2, **kw)] != list(a["messages"])
+
+
+def masked_text(tokenizer, sample) -> str:
+    return tokenizer.decode([i for i, m in zip(sample["input_ids"], sample["loss_mask"]) if m])
+
+
+def test_loss_mask_covers_assistant_turns_only(smol_tokenizer):
+    msgs = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! Nice day."},
+            {"role": "user", "content": "And then?"}, {"role": "assistant", "content": "Then we rest."}]
+    out = render_with_mask(smol_tokenizer, msgs, max_length=512)
+    assert len(out["input_ids"]) == len(out["loss_mask"]) and not out["truncated"]
+    # SmolLM2's template has no {% generation %} markers: spans come from rendering growing prefixes
+    assert masked_text(smol_tokenizer, out) == "Hello! Nice day.<|im_end|>\nThen we rest.<|im_end|>\n"
+
+    zephyr = AutoTokenizer.from_pretrained(resolve_target(None)[0])
+    zephyr.chat_template = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '</s>\n' }}{% endfor %}"
+                            "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")
+    out = render_with_mask(zephyr, msgs, max_length=512)
+    assert masked_text(zephyr, out) == "Hello! Nice day.</s>\nThen we rest.</s>\n"
+
+    rewriting = AutoTokenizer.from_pretrained(resolve_target(None)[0])  # drops earlier assistant turns
+    rewriting.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
+                               "{{ m['role'] + ': ' + m['content'] + '\n' }}{% endif %}{% endfor %}"
+                               "{% if add_generation_prompt %}assistant: {% endif %}")
+    with pytest.raises(DataError, match="prefix by prefix"):
+        render_with_mask(rewriting, msgs, max_length=512)
+
+
+def test_long_samples_are_truncated_and_counted(smol_tokenizer):
+    short = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
+    n = len(render_with_mask(smol_tokenizer, short, 10_000)["input_ids"])
+    long = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "word " * 200}]
+    prompt_only = [{"role": "user", "content": "A prompt nobody answered."}]
+    ds = Dataset.from_list([{"messages": m} for m in (short, long, prompt_only)])
+    tok, report = tokenize_dataset(ds, smol_tokenizer, max_length=n)  # `short` fits exactly: not truncated
+    assert report == {"samples": 3, "truncated": 1, "dropped_no_loss_tokens": 1, "kept": 2}
+    assert [len(x) for x in tok["input_ids"]] == [n, n]
+    with pytest.raises(DataError, match="no chat template"):
+        bare = AutoTokenizer.from_pretrained(resolve_target(None)[0])
+        bare.chat_template = None
+        tokenize_dataset(ds, bare, max_length=64)
+
+
+def test_self_synthesis_and_regeneration_resume_from_their_caches(tmp_path, tiny_target_dir, data_dir):
+    target, tok = load_target(str(tiny_target_dir))
+    prefix = user_prefix(tok)
+    assert prefix.endswith("<|im_start|>user\n") and "<|im_start|>system" in prefix
+    kw = dict(target=target, tokenizer=tok, work_dir=tmp_path, synthesize=3, regenerate_responses=True,
+              max_new_tokens=8, batch_size=4)
+    convs = build_conversations([], **kw)
+    assert len(convs) == 3 and all([m["role"] for m in ex["messages"]] == ["user", "assistant"] for ex in convs)
+    caches = sorted(p.name for p in tmp_path.glob("*.jsonl"))
+    assert caches[0].startswith("regen-") and caches[1] == "synth-seed0.jsonl"
+    sizes = {p: p.stat().st_size for p in tmp_path.glob("*.jsonl")}
+    again = build_conversations([], **kw)  # everything from the caches: nothing generated, nothing appended
+    assert list(again["messages"]) == list(convs["messages"])
+    assert {p: p.stat().st_size for p in tmp_path.glob("*.jsonl")} == sizes
+    # with the dataset's own answers kept (regenerate: false), synthesised prompts are still answered
+    mixed = build_conversations([str(data_dir / "prompts.json")], **{**kw, "regenerate_responses": False})
+    roles = sorted(tuple(m["role"] for m in ex["messages"]) for ex in mixed)
+    assert roles.count(("user", "assistant")) == 3 and roles.count(("user",)) == 6
+
+
+# ----------------------------------------------------------------------------------------------- vocabulary
+def test_draft_vocabulary_is_the_most_frequent_loss_tokens():
+    ds = Dataset.from_list([
+        {"input_ids": [5, 7, 7, 9, 3], "loss_mask": [0, 1, 1, 1, 0]},
+        {"input_ids": [7, 9, 1, 1, 5], "loss_mask": [1, 1, 0, 1, 1]},
+    ])
+    counts = token_counts(ds, vocab_size=12)
+    assert counts.tolist() == [0, 1, 0, 0, 0, 1, 0, 3, 0, 2, 0, 0]
+    ids, coverage = select_draft_vocab(counts, 3, always_include=[11])
+    assert ids.tolist() == [7, 9, 11] and coverage == pytest.approx(5 / 7)
+    ids, coverage = select_draft_vocab(counts, 4)
+    assert ids.tolist() == [1, 5, 7, 9] and coverage == 1.0  # ties broken by id: deterministic
+    assert coverage_table(counts, sizes=(1, 2, 12, 50)) == {1: 3 / 7, 2: 5 / 7, 12: 1.0}
+    with pytest.raises(ValueError, match="must be in 1..12"):
+        select_draft_vocab(counts, 13)
+
+    target = make_tiny_target("llama")
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=4)
+    draft.set_vocab_mapping(ids)
+    assert draft.draft_to_target_ids(torch.arange(4)).tolist() == [1, 5, 7, 9]
+    assert draft.t2d.nonzero().flatten().tolist() == [1, 5, 7, 9] and draft.t2d.numel() == 256
+
+
+# ----------------------------------------------------------------------------------------------- TTT
+def tiny_draft(draft_vocab_size: int = 64, seed: int = 0) -> Eagle3DraftModel:
+    target = make_tiny_target("llama")
+    torch.manual_seed(seed)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=draft_vocab_size).float()
+    draft.set_vocab_mapping(torch.randperm(256)[:draft_vocab_size].sort().values)
+    with torch.no_grad():  # far from init: non-trivial attention and logits
+        for name, p in draft.named_parameters():
+            if name != "embed_tokens.weight" and p.dim() == 2:
+                p.normal_(0, 0.3)
+    return draft
+
+
+@torch.no_grad()
+def naive_step_logits(draft, aux, input_ids, ttt_steps) -> dict:
+    """{(row, t, k): (Vd,) logits} of draft step k at position t, each computed on its own: the prefix 0..t
+    run causally (step 0), then steps 1..k one token at a time on top of it, as at inference. So every query
+    sees exactly the step-0 keys of positions <= t and the keys of its own steps 1..k (the diagonal)."""
+    b, s = input_ids.shape
+    logits = {}
+    for i in range(b):
+        for t in range(s - 1):
+            cache = DynamicCache()
+            out = draft(input_ids=input_ids[i: i + 1, 1: t + 2], target_hidden_states=aux[i: i + 1, : t + 1],
+                        position_ids=torch.arange(t + 1)[None], cache=cache, use_cache=True)
+            logits[i, t, 0] = out.logits[0, -1]
+            hidden = out.hidden_states[:, -1:]
+            for k in range(1, ttt_steps):
+                if t + 1 + k >= s:
+                    break
+                out = draft(input_ids=input_ids[i: i + 1, t + 1 + k: t + 2 + k], hidden_states=hidden,
+                            position_ids=torch.tensor([[t + k]]), cache=out.cache, use_cache=True)
+                logits[i, t, k] = out.logits[0, -1]
+                hidden = out.hidden_states
+    return logits
+
+
+def naive_ttt_loss(draft, step_logits, target_logits, loss_mask, attention_mask, ttt_steps, step_weight):
+    """The objective written out position by position: soft CE against the target's distribution over the
+    draft vocabulary, for tokens under the loss mask whose target argmax the draft vocabulary holds."""
+    b, s, _ = target_logits.shape
+    draft_ids = draft.draft_to_target_ids(torch.arange(draft.config.draft_vocab_size))
+    sums, counts, correct, chain_correct = [0.0] * ttt_steps, [0] * ttt_steps, [0] * ttt_steps, [0] * ttt_steps
+    for i in range(b):
+        for t in range(s):
+            chain = True
+            for k in range(ttt_steps):
+                token = t + 2 + k  # the token step k at position t predicts; the target's view of it is at token - 1
+                if token >= s or not (loss_mask[i, token] and attention_mask[i, token]):
+                    chain = False
+                    continue
+                if not draft.t2d[target_logits[i, token - 1].argmax()]:
+                    chain = False
+                    continue
+                p = target_logits[i, token - 1, draft_ids].softmax(-1)
+                logp = step_logits[i, t, k].log_softmax(-1)
+                sums[k] += -(p * logp).sum().item()
+                counts[k] += 1
+                hit = bool(logp.argmax() == p.argmax())
+                correct[k] += hit
+                chain = chain and hit
+                chain_correct[k] += chain
+    losses = [sums[k] / max(counts[k], 1) for k in range(ttt_steps)]
+    return {"loss": sum(step_weight**k * l for k, l in enumerate(losses)), "step_losses": losses,
+            "step_count": counts, "step_correct": correct, "chain_correct": chain_correct}
+
+
+def ttt_case(seed: int = 0):
+    """A padded batch whose target logits agree with the draft at many positions (hits at steps 0 and 1),
+    with positions whose target argmax lies outside the draft vocabulary."""
+    b, s, K = 2, 11, 3
+    draft = tiny_draft(seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(3, 256, (b, s), generator=g)
+    aux = torch.randn(b, s, 3 * 64, generator=g)
+    attention_mask = torch.ones(b, s, dtype=torch.long)
+    attention_mask[1, -3:] = 0
+    loss_mask = (torch.rand(b, s, generator=g) > 0.2).long() * attention_mask
+    step_logits = naive_step_logits(draft, aux, input_ids, K)
+    draft_ids = draft.draft_to_target_ids(torch.arange(64))
+    target_logits = torch.randn(b, s, 256, generator=g)
+    for i in range(b):
+        for r in range(1, s):  # row r is the target's view of token r + 1
+            src = (i, r - 1, 0) if r % 2 == 0 else (i, r - 2, 1)
+            if src in step_logits:
+                target_logits[i, r, draft_ids] = step_logits[src] * 4
+    outside = (~draft.t2d).nonzero()[0].item()
+    target_logits[0, 3, outside] = target_logits[0, 6, outside] = 1e3
+    return draft, aux, input_ids, target_logits, loss_mask, attention_mask, K, step_logits
+
+
+def test_ttt_loss_matches_a_naive_step_by_step_reference():
+    draft, aux, ids, target_logits, loss_mask, att, K, step_logits = ttt_case()
+    ref = naive_ttt_loss(draft, step_logits, target_logits, loss_mask, att, K, 0.8)
+    with torch.no_grad():
+        out = ttt_loss(draft, aux, ids, target_logits, loss_mask, att, ttt_steps=K, step_weight=0.8)
+    assert out.step_count.tolist() == ref["step_count"] and min(ref["step_count"]) > 3
+    assert out.step_correct.tolist() == ref["step_correct"] and ref["step_correct"][0] > 3 and ref["step_correct"][1] > 0
+    assert out.chain_correct.tolist() == ref["chain_correct"] and ref["chain_correct"][1] > 0
+    torch.testing.assert_close(out.step_losses, torch.tensor(ref["step_losses"]), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out.loss, torch.tensor(ref["loss"]), rtol=1e-5, atol=1e-5)
+    # with the mask changed at one position, both agree again (the reference is not matched by construction)
+    loss_mask[0, 5] = 1 - loss_mask[0, 5]
+    ref2 = naive_ttt_loss(draft, step_logits, target_logits, loss_mask, att, K, 0.8)
+    with torch.no_grad():
+        out2 = ttt_loss(draft, aux, ids, target_logits, loss_mask, att, ttt_steps=K, step_weight=0.8)
+    assert out2.step_count.tolist() == ref2["step_count"] != ref["step_count"]
+    torch.testing.assert_close(out2.loss, torch.tensor(ref2["loss"]), rtol=1e-5, atol=1e-5)
+
+    m = acceptance_metrics(out.step_correct, out.step_count, out.chain_correct, out.chain_count)
+    chain = [c / ref["step_count"][0] for c in ref["chain_correct"]]
+    assert m["chain_acceptance"] == pytest.approx(chain) and m["expected_acceptance_length"] == pytest.approx(1 + sum(chain))
+
+
+def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
+    draft, aux, ids, target_logits, loss_mask, att, K, _ = ttt_case(seed=1)
+    draft.train()
+    grads = []
+    for checkpointing in (False, True):
+        if checkpointing:
+            draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        draft.zero_grad()
+        out = ttt_loss(draft, aux, ids, target_logits, loss_mask, att, ttt_steps=K)
+        out.loss.backward()
+        grads.append((out.loss.detach(), {n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None}))
+    (l0, g0), (l1, g1) = grads
+    assert draft.gradient_checkpointing and g0.keys() == g1.keys() and "midlayer.self_attn.q_proj.weight" in g0
+    torch.testing.assert_close(l0, l1)
+    for name in g0:
+        torch.testing.assert_close(g0[name], g1[name], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------- end to end
+def test_end_to_end_tiny_run_writes_a_loadable_draft_with_metrics_and_card(trained, tiny_target_dir):
+    recipe, out = trained
+    work = Path(recipe["work_dir"])
+    assert out == Path(recipe["output_dir"]) == work / "draft"
+    files = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "training_metrics.json", "README.md", "modeling_eagle3.py"} <= files
+    assert not any(n.startswith(".tmp") for n in os.listdir(work))
+    metrics = json.loads((out / "training_metrics.json").read_text())
+    acc = metrics["acceptance"]
+    assert acc["step"] == 30 and len(acc["step_accuracy"]) == len(acc["chain_acceptance"]) == 3
+    assert acc["expected_acceptance_length"] == pytest.approx(1 + sum(acc["chain_acceptance"]))
+    assert metrics["wall_time_s"] > 0 and metrics["steps"] == 30
+    assert metrics["vocab"]["coverage"] > 0.99  # regenerated answers: the target's own tokens
+    assert metrics["data"]["train"] + metrics["data"]["eval"] == 40
+    history = metrics["eval_history"]
+    assert [h["step"] for h in history] == [10, 20, 30] and history[-1]["loss"] < history[0]["loss"]
+    assert json.loads((work / "eval_metrics.json").read_text())["eval_history"] == history
+    assert any((work / "tensorboard").rglob("events.out.tfevents.*"))
+    assert "expected acceptance length" in (out / "README.md").read_text()
+    # the draft: bf16 weights without the target's embedding, loadable next to its target
+    weights = load_file(out / "model.safetensors")
+    assert "embed_tokens.weight" not in weights and weights["fc.weight"].dtype == torch.bfloat16
+    target, _ = load_target(str(tiny_target_dir))
+    draft = Eagle3DraftModel.from_pretrained(out, target=target, dtype=torch.float32)
+    vocab = json.loads((work / "vocab.json").read_text())
+    assert draft.draft_to_target_ids(torch.arange(256)).tolist() == vocab["target_ids"]
+    ids = torch.tensor([[1, 2, 3, 4]])
+    aux, _ = aux_features(target, ids, torch.ones_like(ids), draft.config.aux_layer_ids)
+    assert draft(input_ids=ids, target_hidden_states=aux).logits.shape == (1, 4, 256)
+
+
+def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path, tiny_target_dir, data_dir):
+    """Batch 3 and grad_accum 2 over 36 samples: epochs of 6 steps. The kill comes after the checkpoint of step
+    8, in the middle of the second epoch, so the resumed run must rebuild that epoch's shuffle and skip its
+    first batches, then cross into the third epoch."""
+    common = dict(data={"regenerate": True, "max_new_tokens": 12},  # the target's own tokens: a non-zero loss
+                  train={"max_steps": 14, "batch_size": 3, "grad_accum": 2, "save_every": 4, "eval_every": 5})
+    full = recipe_for(tmp_path / "a", tiny_target_dir, [data_dir / "sharegpt.jsonl"], **common)
+    killed = recipe_for(tmp_path / "b", tiny_target_dir, [data_dir / "sharegpt.jsonl"], **common)
+    config = write_recipe(tmp_path / "b.yaml", killed)
+    log = open(tmp_path / "killed.log", "w")  # a file, not a pipe: progress bars must never block the run
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3_hub.training.train", "--config", str(config)], env=ENV,
+                            stdout=log, stderr=subprocess.STDOUT)
+    ckpts = Path(killed["work_dir"]) / "checkpoints"
+    deadline = time.time() + 120
+    while not (ckpts / "step-8").exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.01)
+    assert proc.poll() is None, f"the run ended before it could be killed: {(tmp_path / 'killed.log').read_text()[-3000:]}"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    log.close()
+    done = sorted(int(p.name.split("-")[1]) for p in ckpts.glob("step-*"))
+    assert max(done) >= 8 and 14 not in done and not (Path(killed["output_dir"]) / "config.json").exists()
+    (ckpts / ".tmp-step-99").mkdir()  # a checkpoint whose writing was killed: ignored, then removed
+    (ckpts / ".tmp-step-99" / "trainer_state.json").write_text("{}")
+
+    train(killed, resume=True)
+    train(full)
+    assert not (ckpts / ".tmp-step-99").exists()
+    a = load_file(Path(full["work_dir"]) / "checkpoints" / "step-14" / "model.safetensors")
+    b = load_file(ckpts / "step-14" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    before = load_file(ckpts / "step-12" / "model.safetensors")  # (kept: the last two) training did move the weights
+    assert not torch.equal(before["midlayer.mlp.down_proj.weight"], b["midlayer.mlp.down_proj.weight"])
+    ma = json.loads((Path(full["output_dir"]) / "training_metrics.json").read_text())
+    mb = json.loads((Path(killed["output_dir"]) / "training_metrics.json").read_text())
+    assert ma["eval_history"] == mb["eval_history"] and [h["step"] for h in ma["eval_history"]] == [5, 10, 14]
+    assert all(h["loss"] > 0 for h in ma["eval_history"])
+    assert mb["wall_time_s"] > 0
+    # a resume of a finished run writes the same draft again
+    train(killed, resume=True)
+    c = load_file(Path(killed["output_dir"]) / "model.safetensors")
+    assert all(torch.equal(c[k], load_file(Path(full["output_dir"]) / "model.safetensors")[k]) for k in c)
+
+
+def test_lora_mode_saves_an_adapter_loadable_as_a_peft_model_of_the_draft(tmp_path, trained, tiny_target_dir, data_dir):
+    from peft import PeftModel
+
+    _, base_dir = trained
+    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
+                        data={"regenerate": True, "max_new_tokens": 16},
+                        draft={"init_from": str(base_dir), "draft_vocab_size": None},
+                        lora={"enabled": True, "r": 4, "alpha": 8},
+                        train={"max_steps": 4, "lr": 1e-2, "gradient_checkpointing": True})
+    out = train(recipe)
+    files = {p.name for p in out.iterdir()}
+    assert {"adapter_config.json", "adapter_model.safetensors", "training_metrics.json"} <= files
+    assert "model.safetensors" not in files
+    adapter = load_file(out / "adapter_model.safetensors")
+    assert adapter and all("lora_" in k for k in adapter)
+    metrics = json.loads((out / "training_metrics.json").read_text())
+    assert metrics["vocab"]["from_draft"] and metrics["vocab"]["draft_vocab_size"] == 256
+
+    target, _ = load_target(str(tiny_target_dir))
+    base = Eagle3DraftModel.from_pretrained(base_dir, target=target, dtype=torch.float32)
+    model = PeftModel.from_pretrained(Eagle3DraftModel.from_pretrained(base_dir, target=target, dtype=torch.float32), out)
+    ids = torch.tensor([[5, 6, 7, 8, 9]])
+    aux, _ = aux_features(target, ids, torch.ones_like(ids), base.config.aux_layer_ids)
+    with torch.no_grad():
+        plain = base(input_ids=ids, target_hidden_states=aux).logits
+        adapted = model(input_ids=ids, target_hidden_states=aux).logits
+    assert plain.shape == adapted.shape and not torch.allclose(plain, adapted)  # trained adapters change the draft
+    assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
+
+
+def test_offline_features_match_online_and_train(tmp_path, tiny_target_dir, data_dir, monkeypatch):
+    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], features={"mode": "offline"},
+                        train={"max_steps": 3})
+    out = train(recipe)
+    cache = Path(recipe["work_dir"]) / "features"
+    shards = sorted(p.name for p in cache.glob("*.safetensors"))
+    assert shards == ["split0-00000.safetensors", "split1-00000.safetensors"] and (out / "model.safetensors").exists()
+
+    from accelerate import Accelerator
+    from datasets import load_from_disk
+
+    target, tok = load_target(str(tiny_target_dir))
+    splits = load_from_disk(str(Path(recipe["work_dir"]) / "data" / "tokenized"))
+    feats = OfflineFeatures(recipe, target, [0, 1, 2], Accelerator())
+    on_disk = sum((cache / s).stat().st_size for s in shards)
+    assert 0.95 < on_disk / feats.estimate_bytes([splits["train"], splits["test"]]) < 1.1
+    batch = collate([splits["train"][i] for i in range(4)], tok.pad_token_id)
+    aux_off, logits_off = feats.load(batch)
+    aux_on, logits_on = aux_features(target, batch["input_ids"], batch["attention_mask"], [0, 1, 2])
+    real = batch["attention_mask"].bool()
+    assert aux_off.dtype == torch.bfloat16
+    torch.testing.assert_close(aux_off.float()[real], aux_on[real], rtol=2**-7, atol=1e-5)
+    # logits from the bf16 final hidden state: within the bf16 rounding of that state, propagated by lm_head
+    last = target.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).last_hidden_state
+    bound = last.abs() @ target.lm_head.weight.abs().T * 2**-8 + 1e-4
+    assert ((logits_off - logits_on).abs() <= bound)[real].all()
+    assert (logits_off.argmax(-1) == logits_on.argmax(-1))[real].float().mean() > 0.95
+
+    # the build resumes shard by shard, and stops before it starts when the disk is too small
+    first = cache / shards[0]
+    mtime = (cache / shards[1]).stat().st_mtime_ns
+    first.unlink()
+    feats.build([splits["train"], splits["test"]], tok.pad_token_id)
+    assert first.exists() and (cache / shards[1]).stat().st_mtime_ns == mtime
+    usage = namedtuple("usage", "total used free")
+    monkeypatch.setattr(features_module.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
+    small = OfflineFeatures(recipe_for(tmp_path / "x", tiny_target_dir, [], features={"cache_dir": str(tmp_path / "small")}),
+                            target, [0, 1, 2], Accelerator())
+    with pytest.raises(OSError, match="GiB free"):
+        small.build([splits["train"]], tok.pad_token_id)
+    assert not (tmp_path / "small").exists()
+    with pytest.raises(ValueError, match="other aux_layer_ids"):  # a cache built for other layers is not reused
+        OfflineFeatures(recipe, target, [0, 1, 1], Accelerator()).build([splits["train"], splits["test"]], tok.pad_token_id)
+
+
+def test_data_parallel_run_on_two_cpu_processes(tmp_path, tiny_target_dir, data_dir):
+    """`torchrun --nproc_per_node 2` (gloo): each process sees half of every epoch, checkpoints hold both
+    processes' RNG states, and one draft folder comes out."""
+    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
+                        train={"max_steps": None, "epochs": 1, "save_every": 4, "eval_every": 4})
+    config = write_recipe(tmp_path / "recipe.yaml", recipe)
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "eagle3_hub.training.train",
+                           "--config", str(config)], env={**ENV, "ACCELERATE_USE_CPU": "true"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    last = Path(recipe["work_dir"]) / "checkpoints" / "step-5"  # 36 samples / 2 processes / batch 4: 5 steps
+    assert json.loads((last / "trainer_state.json").read_text())["step"] == 5
+    assert {"random_states_0.pkl", "random_states_1.pkl"} <= {p.name for p in last.iterdir()}
+    metrics = json.loads((Path(recipe["output_dir"]) / "training_metrics.json").read_text())
+    assert metrics["steps"] == 5 and [h["step"] for h in metrics["eval_history"]] == [4, 5]
+    assert (proc.stdout + proc.stderr).count("[vocab]") == 1
+
+
+def test_a_peft_adapter_target_is_merged_into_its_base(tmp_path, tiny_target_dir, data_dir, smol_tokenizer):
+    """A fine-tuned target given as a PEFT adapter (base + adapter, merged at load), by folder alone or as
+    target.adapter next to target.name."""
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(tiny_target_dir, dtype=torch.float32)
+    tuned = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
+    adapter_dir = tmp_path / "adapter"
+    tuned.save_pretrained(adapter_dir)
+    smol_tokenizer.save_pretrained(adapter_dir)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    plain = load_target(str(tiny_target_dir))[0](ids).logits
+    merged = load_target(str(tiny_target_dir), adapter=str(adapter_dir))[0](ids).logits
+    torch.testing.assert_close(load_target(str(adapter_dir))[0](ids).logits, merged)
+    assert not torch.allclose(plain, merged, atol=1e-3)
+    recipe = recipe_for(tmp_path, adapter_dir, [data_dir / "sharegpt.jsonl"], train={"max_steps": 2})
+    out = train(recipe)
+    assert json.loads((out / "training_metrics.json").read_text())["recipe"]["target"]["name"] == str(adapter_dir)
+    assert Eagle3DraftModel.from_pretrained(out, target=load_target(str(adapter_dir))[0]).config.vocab_size == len(smol_tokenizer)
+
+
+# ----------------------------------------------------------------------------------------------- bad input
+def run_cli(config: Path, *overrides: str) -> int:
+    return run(argparse.Namespace(config=str(config), resume=False, overrides=list(overrides)))
+
+
+@pytest.fixture(scope="module")
+def no_template_target(tmp_path_factory, tiny_target_dir, smol_tokenizer):
+    folder = tmp_path_factory.mktemp("no_template")
+    for name in ("config.json", "model.safetensors", "generation_config.json"):
+        os.symlink(tiny_target_dir / name, folder / name)
+    tok = AutoTokenizer.from_pretrained(tiny_target_dir)
+    tok.chat_template = None
+    tok.save_pretrained(folder)
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def foreign_draft(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("foreign_draft")
+    Eagle3DraftModel.from_target(make_tiny_target("llama")).save_pretrained(folder)  # vocabulary of 256
+    return folder
+
+
+@pytest.mark.parametrize("case, message", [
+    ("empty", "empty.jsonl: the dataset is empty"),
+    ("malformed", "Could not load the local file .*bad.jsonl.*JSON parse error"),
+    ("unusable", "no usable sample"),
+    ("no_data", "No data"),
+    ("no_template", "has no chat template"),
+    ("vocab_too_large", r"draft_vocab_size=100000 must be in 1\.\.49152"),
+    ("aux_out_of_range", r"aux_layer_ids \[0, 1, 7\] out of range.*3 decoder layers"),
+    ("lora_without_draft", "lora.enabled adapts an existing draft"),
+    ("foreign_draft", "does not fit|vocabulary of 256"),
+    ("unknown_key", "Unknown recipe key `train.learning_rate`"),
+    ("zero_steps", r"train\.ttt_steps=0"),
+])
+def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tiny_target_dir, data_dir,
+                                                    no_template_target, foreign_draft, capsys):
+    sources, target, extra = [data_dir / "sharegpt.jsonl"], tiny_target_dir, []
+    if case == "empty":
+        sources = [tmp_path / "empty.jsonl"]
+        sources[0].write_text("")
+    elif case == "malformed":
+        sources = [tmp_path / "bad.jsonl"]
+        sources[0].write_text('{"conversations": [{"from": "human", "value": "hi"}]}\n{"conversations": [oops\n')
+    elif case == "unusable":
+        sources = [write_jsonl(tmp_path / "odd.jsonl", [{"foo": 1}, {"foo": 2}])]
+    elif case == "no_data":
+        sources = []
+    elif case == "no_template":
+        target = no_template_target
+    else:
+        extra = {"vocab_too_large": ["--draft.draft_vocab_size", "100000"],
+                 "aux_out_of_range": ["--draft.aux_layer_ids", "[0, 1, 7]"],
+                 "lora_without_draft": ["--lora.enabled", "true"],
+                 "foreign_draft": ["--draft.init_from", str(foreign_draft)],
+                 "unknown_key": ["--train.learning_rate", "0.1"],
+                 "zero_steps": ["--train.ttt_steps", "0"]}[case]
+    recipe = recipe_for(tmp_path, target, sources)
+    config = write_recipe(tmp_path / "recipe.yaml", recipe)
+    assert run_cli(config, *extra) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("eagle3-hub train: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert re.search(message, lines[0]), lines[0]
+    assert not Path(recipe["work_dir"]).exists()  # nothing written: no data, no vocab, no checkpoints, no draft
+
+
+def test_a_failed_push_keeps_the_draft_and_says_how_to_retry(tmp_path, tiny_target_dir, data_dir, monkeypatch, capsys):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
+    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train={"max_steps": 1},
+                        push_to_hub="alice/tiny-eagle3")
+    assert run_cli(write_recipe(tmp_path / "recipe.yaml", recipe)) == 1
+    err = capsys.readouterr().err
+    assert "No Hugging Face token found" in err and "Traceback" not in err
+    assert f"eagle3-hub push {recipe['output_dir']} alice/tiny-eagle3" in err
+    assert (Path(recipe["output_dir"]) / "model.safetensors").exists()
+
+
+def test_overrides_are_parsed_as_yaml_and_checked_against_the_recipe():
+    assert parse_overrides(["--train.lr", "3e-4", "--data.regenerate=false", "--lora.enabled", "--train.max_steps", "null"]) == {
+        "train": {"lr": 3e-4, "max_steps": None}, "data": {"regenerate": False}, "lora": {"enabled": True}}
+    assert parse_overrides(["--train.weight_decay", "1e-2", "--train.betas", "[0.9, 0.95]"])["train"] == {
+        "weight_decay": 0.01, "betas": [0.9, 0.95]}  # YAML 1.2 floats: 1e-2 is a number, not a string
+    path = Path(__file__).parents[1] / "recipes" / "smollm2-135m-instruct.yaml"
+    recipe = load_recipe(path, {"train": {"lr": 0.01}})
+    in_file = yaml.safe_load(path.read_text())
+    assert recipe["train"]["lr"] == 0.01 and recipe["train"]["ttt_steps"] == in_file["train"]["ttt_steps"]
+    assert recipe["train"]["step_weight"] == 0.8 and recipe["lora"]["enabled"] is False  # defaults fill the rest
+    with pytest.raises(KeyError, match="Unknown recipe key `data.sorces`"):
+        load_recipe(None, {"data": {"sorces": []}})
+
+
+# ----------------------------------------------------------------------------------------------- real target
+def test_short_real_run_on_smollm2(tmp_path):
+    """SmolLM2-135M-Instruct (float32): answers regenerated by the model itself, 3 TTT steps, a held-out eval."""
+    rows = [{"question": q, "answer": "unused: regenerated"} for q in (
+        "What is 12 times 3?", "Name the capital of France.", "Give one word that rhymes with cat.",
+        "How many legs does a spider have?", "What colour is the sky on a clear day?", "Spell the word dog backwards.",
+        "What is 100 minus 42?", "Which is larger, 7 or 9?")]
+    recipe = load_recipe(None, {
+        "target": {"name": None, "dtype": "float32"},
+        "draft": {"draft_vocab_size": 2048},
+        "data": {"sources": [str(write_jsonl(tmp_path / "q.jsonl", rows))], "regenerate": True, "max_new_tokens": 24,
+                 "gen_batch_size": 8, "max_length": 96, "eval_samples": 2},
+        "train": {"ttt_steps": 3, "max_steps": 3, "batch_size": 4, "lr": 1e-3, "warmup_steps": 1, "save_every": 3,
+                  "eval_every": 3, "log_every": 1, "num_threads": 1},
+        "work_dir": str(tmp_path / "work"),
+    })
+    out = train(recipe)
+    metrics = json.loads((out / "training_metrics.json").read_text())
+    assert metrics["data"] == {"samples": 8, "truncated": 0, "dropped_no_loss_tokens": 0, "kept": 8, "train": 7, "eval": 1}
+    assert metrics["vocab"]["coverage"] == 1.0 and metrics["acceptance"]["step"] == 3
+    assert len(metrics["acceptance"]["step_accuracy"]) == 3
+    config = json.loads((out / "config.json").read_text())
+    assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26] and config["draft_vocab_size"] == 2048
+    target, tok = load_target(None)
+    draft = Eagle3DraftModel.from_pretrained(out, target=target, dtype=torch.float32)
+    ids = tok("The answer is", return_tensors="pt").input_ids
+    aux, _ = aux_features(target, ids, torch.ones_like(ids), draft.config.aux_layer_ids)
+    assert torch.isfinite(draft(input_ids=ids, target_hidden_states=aux).logits).all()
