@@ -3,10 +3,20 @@
 from transformers import AutoConfig, AutoModel
 
 from .configuration_eagle3 import Eagle3Config, default_aux_layer_ids
+from .generation.tree_decoding import TreeDecodingOutput, TreeDecodingStats, generate, tree_generate
 from .modeling_eagle3 import Eagle3DraftModel, Eagle3DraftOutput
 
 AutoConfig.register(Eagle3Config.model_type, Eagle3Config, exist_ok=True)
 AutoModel.register(Eagle3Config, Eagle3DraftModel, exist_ok=True)
 
 __version__ = "0.1.0"
-__all__ = ["Eagle3Config", "Eagle3DraftModel", "Eagle3DraftOutput", "default_aux_layer_ids"]
+__all__ = [
+    "Eagle3Config",
+    "Eagle3DraftModel",
+    "Eagle3DraftOutput",
+    "default_aux_layer_ids",
+    "generate",
+    "tree_generate",
+    "TreeDecodingOutput",
+    "TreeDecodingStats",
+]

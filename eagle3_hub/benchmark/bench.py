@@ -687,7 +687,13 @@ def tree_grid_from_args(args) -> list[dict]:
         {"depth": d, "tree_top_k": k, "total_tokens": n}
         for d, k, n in itertools.product(_int_list(args.depth), _int_list(args.tree_top_k), _int_list(args.total_tokens))
     ]
-    return [{k: v for k, v in g.items() if v is not None} for g in grid]
+    grid = [{k: v for k, v in g.items() if v is not None} for g in grid]
+    # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
+    fits = [g for g in grid if not {"depth", "tree_top_k", "total_tokens"} <= g.keys()
+            or g["total_tokens"] <= g["tree_top_k"] + (g["depth"] - 1) * g["tree_top_k"] ** 2]
+    if grid and not fits:
+        raise SystemExit("No tree shape in the sweep is valid: total_tokens must be <= top_k + (depth - 1) * top_k**2.")
+    return fits
 
 
 def add_arguments(parser: argparse.ArgumentParser):

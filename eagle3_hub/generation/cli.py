@@ -1,0 +1,140 @@
+"""``eagle3-hub generate``: stream text from a target with EAGLE-3 tree decoding.
+
+eagle3-hub generate --prompt "Why is the sky blue?"                 # embedded SmolLM2 + reference draft
+eagle3-hub generate --prompt "..." --target Qwen/Qwen3-0.6B --draft user/qwen3-eagle3 --temperature 0.7
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+REFERENCE_DRAFT = Path(__file__).resolve().parent.parent / "reference_draft" / "smollm2-135m-instruct"
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    parser.add_argument(
+        "--prompt",
+        required=True,
+        help="the user message (or raw text with --no-chat-template)",
+    )
+    parser.add_argument(
+        "--target",
+        default=None,
+        help="target model: Hub id, folder or .gguf (default: embedded SmolLM2-135M-Instruct)",
+    )
+    parser.add_argument(
+        "--draft",
+        default=None,
+        help=f"EAGLE-3 draft: Hub id or folder (default with the embedded target: {REFERENCE_DRAFT})",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument(
+        "--temperature",
+        type=float,
+        default=0.0,
+        help="0 = greedy (default); > 0 samples",
+    )
+    parser.add_argument(
+        "--top-k",
+        type=int,
+        default=0,
+        help="sampling: keep the k most likely tokens (0 = off)",
+    )
+    parser.add_argument("--top-p", type=float, default=1.0, help="sampling: nucleus mass (1.0 = off)")
+    parser.add_argument("--stop", action="append", default=None, help="stop string (repeatable)")
+    parser.add_argument(
+        "--depth",
+        type=int,
+        default=None,
+        help="tree depth (default: per device, see TREE_DEFAULTS)",
+    )
+    parser.add_argument("--tree-top-k", type=int, default=None, help="children per expanded tree node")
+    parser.add_argument(
+        "--total-tokens",
+        type=int,
+        default=None,
+        help="tree nodes verified per target forward",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "bfloat16", "float16", "float32"],
+        help="auto: float32 on CPU (CPUs without bf16 units run bf16 matmuls of several rows far slower), bfloat16 on GPU",
+    )
+    parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
+    parser.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
+    parser.add_argument(
+        "--stats",
+        action="store_true",
+        help="print speed and acceptance statistics to stderr",
+    )
+
+
+def resolve_draft(draft: str | None, target: str | None) -> str:
+    if draft is not None:
+        return draft
+    if target in (None, "", "embedded", "smollm2-135m-instruct") and (REFERENCE_DRAFT / "config.json").exists():
+        return str(REFERENCE_DRAFT)
+    if target in (None, "", "embedded", "smollm2-135m-instruct"):
+        raise SystemExit(
+            f"No draft given and the reference draft is not installed ({REFERENCE_DRAFT} has no config.json). "
+            "Pass --draft PATH_OR_REPO (a draft trained for the target: `eagle3-hub train`)."
+        )
+    raise SystemExit("No draft given: pass --draft PATH_OR_REPO, an EAGLE-3 draft trained for this target.")
+
+
+def run(args: argparse.Namespace) -> int:
+    import torch
+    from transformers import TextStreamer
+
+    from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
+    from eagle3_hub.targets import load_target
+
+    from .tree_decoding import generate
+
+    draft_path = resolve_draft(args.draft, args.target)
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = (
+        getattr(torch, args.dtype) if args.dtype != "auto" else (torch.float32 if device == "cpu" else torch.bfloat16)
+    )
+    target, tokenizer = load_target(args.target, dtype=dtype, device=device)
+    draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device).eval()
+
+    if not args.no_chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(
+            [{"role": "user", "content": args.prompt}],
+            tokenize=False,
+            add_generation_prompt=True,
+        )
+        enc = tokenizer(text, return_tensors="pt", add_special_tokens=False)
+    else:
+        enc = tokenizer(args.prompt, return_tensors="pt")
+    generator = None
+    if args.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(args.seed)
+    streamer = TextStreamer(tokenizer, skip_prompt=True, skip_special_tokens=True)
+    do_sample = args.temperature > 0
+    out = generate(
+        target,
+        draft,
+        enc["input_ids"].to(device),
+        attention_mask=enc["attention_mask"].to(device),
+        max_new_tokens=args.max_new_tokens,
+        do_sample=do_sample,
+        temperature=args.temperature if do_sample else 1.0,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        stop_strings=args.stop,
+        tokenizer=tokenizer,
+        streamer=streamer,
+        depth=args.depth,
+        tree_top_k=args.tree_top_k,
+        total_tokens=args.total_tokens,
+        generator=generator,
+    )
+    if args.stats:
+        print(str(out.stats), file=sys.stderr)
+    return 0

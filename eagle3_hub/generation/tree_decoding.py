@@ -1,0 +1,1288 @@
+"""EAGLE-2/3 dynamic-tree speculative decoding for a transformers causal LM and an EAGLE-3 draft.
+
+This file is self-contained (torch, transformers and the standard library only): it is copied verbatim into
+a draft folder as ``custom_generate/generate.py`` so that
+
+    target.generate(ids, custom_generate="user/draft-repo", trust_remote_code=True)
+
+runs tree decoding without the ``eagle3_hub`` package installed (the draft itself is loaded from the same
+repo with ``AutoModel.from_pretrained(repo, trust_remote_code=True)``).
+
+Entry points
+------------
+- ``generate(target, draft, input_ids, ...)``: the Python API, returns ``TreeDecodingOutput(sequences, stats)``.
+- ``tree_generate``: for ``target.generate(ids, custom_generate=tree_generate, draft=draft, ...)``.
+- ``generate(model=..., **generate_arguments)``: what transformers calls for ``custom_generate="repo"``.
+- ``write_custom_generate(folder)``: copies this file to ``folder/custom_generate/generate.py``.
+
+One decoding step (b = rows, k = tree top-k, D = depth, N = total_tokens, V = target vocabulary)
+-------------------------------------------------------------------------------------------------
+Each row has a *root*: its latest token, sampled from the target but not yet in the target's KV cache.
+
+1. Draft. The draft first reads the target features of the tokens accepted in the last step (its cache
+   keeps context positions only), which yields the root's children. Then ``D - 1`` draft forwards expand
+   the tree one level at a time: the k best frontier nodes by cumulative draft log-probability are fed
+   (each with the draft hidden state of its parent), each proposes its k best children. All nodes form a
+   pool of ``k + (D - 1) * k * k`` candidates; the N best by cumulative log-probability form the tree
+   (ancestor-closed because a child always scores below its parent).
+2. Verify. One target forward over ``[root, N nodes]`` with a 4D additive mask: context slots of the row
+   plus the node's ancestors (the tree attention mask); positions = root position + node depth.
+3. Accept. Greedy: the longest path whose every token equals the target's argmax at its parent, plus the
+   target's argmax at the path's end (the "bonus" token). Sampling: the multi-candidate rejection walk
+   below, lossless for the target's processed distribution.
+4. Compact. The target cache keeps the accepted slots only (one gather on the whole cache tensor); their
+   target features feed the draft in the next step.
+
+Caches are rectangular over the batch: each row accepts its own number of tokens, the slots a row does not
+use are holes masked out of every later attention (a per-row validity mask), positions are explicit per
+row. Finished rows are removed from the batch.
+
+Lossless sampling with a fixed candidate set
+--------------------------------------------
+At a tree node let ``p`` be the target's processed distribution (temperature, top-k, top-p, ... applied)
+and ``c_1, ..., c_m`` the node's children (distinct tokens) in a fixed order. Treat each child as a
+one-hot proposal ``q = delta_c``. Speculative sampling with proposal ``q`` accepts ``c`` with probability
+``min(1, p(c) / q(c)) = p(c)`` and otherwise samples from the residual ``norm(max(0, p - q))``, which is
+``p`` with ``p(c)`` set to 0 and renormalised. Its output is distributed exactly as ``p``:
+``P(c) = p(c)`` and, for ``y != c``, ``P(y) = (1 - p(c)) * p(y) / (1 - p(c)) = p(y)``. Applying the same
+step to the residual with the next child, and so on, keeps the output distributed as ``p`` by induction;
+when every child is rejected the token is sampled from the final residual. Child ``c_j`` is therefore
+accepted (given ``c_1..c_{j-1}`` were rejected) with probability ``p(c_j) / (1 - sum_{i<j} p(c_i))``, which
+this file evaluates for all children at once. An accepted child continues the walk at that child, where
+the target's distribution conditioned on the longer prefix applies; so every emitted token is distributed
+as the target's (processed) next-token distribution given everything before it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import warnings
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from transformers import LogitsProcessorList, StoppingCriteriaList
+from transformers.cache_utils import DynamicCache
+from transformers.generation import logits_process as _lp
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    StopStringCriteria,
+)
+from transformers.utils import ModelOutput
+
+# Tree shape per device type: depth (draft levels), top_k (children per expanded node), total_tokens (tree
+# nodes verified per target forward, root excluded).
+# CPU: a verification is compute-bound and its cost grows with every token (SmolLM2-135M fp32, 1 thread:
+# 1 token 71 ms, 5: 124, 9: 139, 17: 196, 33: 229, 65: 363), and one draft level costs ~10% of a one-token
+# target forward: small trees, picked by a sweep with an early checkpoint of the SmolLM2 reference draft
+# (README, "Tree decoding"). Re-tune: `eagle3-hub bench --sweep --depth 3,4,5 --total-tokens 4,8,16`.
+# CUDA: verification is nearly flat up to ~64 tokens: the EAGLE-2/3 reference trees (not measured here).
+TREE_DEFAULTS: dict[str, dict[str, int]] = {
+    "cpu": {"depth": 4, "top_k": 4, "total_tokens": 8},
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60},
+}
+
+# device types on which a verification computes the target's logits only for the tree slots it needs (the
+# lm_head is ~20% of a small model's compute on a CPU); elsewhere for all slots (no host sync for the index)
+LOGITS_SUBSET_DEVICES = ("cpu",)
+
+# logits processors that look at the scores only (not at the tokens so far): applied to all tree nodes at once
+_HISTORY_FREE_PROCESSORS = tuple(
+    getattr(_lp, name)
+    for name in (
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "MinPLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "InfNanRemoveLogitsProcessor",
+        "SuppressTokensLogitsProcessor",
+        "LogitNormalization",
+    )
+    if hasattr(_lp, name)
+)
+
+
+def tree_defaults(device: torch.device | str) -> dict[str, int]:
+    """Default ``depth`` / ``top_k`` / ``total_tokens`` for a device (``TREE_DEFAULTS``; CUDA's for other accelerators)."""
+    kind = torch.device(device).type
+    return dict(TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cuda"]))
+
+
+# ----------------------------------------------------------------------------------------------- outputs
+@dataclass
+class TreeDecodingStats:
+    """Counters of one ``generate`` call.
+
+    accepted_per_step: one entry per (target verification, active row): tokens that row committed in that
+        step (accepted draft tokens + the target's bonus token; fewer when a stop condition cut the block).
+    mean_acceptance_length: new tokens per target forward (prefill included), over all rows.
+    draft_time_s / verify_time_s: time in draft forwards (tree building included) / target verification
+        forwards (prefill included); overhead_time_s: everything else (acceptance, cache compaction, host
+        bookkeeping, streaming).
+    """
+
+    target_forwards: int = 0
+    draft_forwards: int = 0
+    steps: int = 0
+    new_tokens: int = 0
+    accepted_per_step: list[int] = field(default_factory=list)
+    mean_acceptance_length: float = 0.0
+    draft_time_s: float = 0.0
+    verify_time_s: float = 0.0
+    overhead_time_s: float = 0.0
+    total_time_s: float = 0.0
+    tree: dict[str, int] = field(default_factory=dict)
+
+    def per_step_ms(self) -> dict[str, float]:
+        """Average milliseconds per decoding step: draft / verify / overhead."""
+        n = max(self.steps, 1)
+        return {
+            "draft": 1e3 * self.draft_time_s / n,
+            "verify": 1e3 * self.verify_time_s / n,
+            "overhead": 1e3 * self.overhead_time_s / n,
+        }
+
+    def __str__(self) -> str:
+        ms = self.per_step_ms()
+        tps = self.new_tokens / self.total_time_s if self.total_time_s > 0 else float("nan")
+        return (
+            f"{self.new_tokens} new tokens in {self.total_time_s:.2f} s ({tps:.1f} tok/s), {self.target_forwards} "
+            f"target forwards, mean acceptance length {self.mean_acceptance_length:.2f}; per step: draft "
+            f"{ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms, overhead {ms['overhead']:.1f} ms; tree {self.tree}"
+        )
+
+
+@dataclass
+class TreeDecodingOutput(ModelOutput):
+    """sequences: (b, prompt_len + new) prompt (as given, left padding included) + new tokens, right-padded
+    with the pad id after a row stopped. stats: ``TreeDecodingStats``."""
+
+    sequences: torch.LongTensor | None = None
+    stats: TreeDecodingStats | None = None
+
+
+# ----------------------------------------------------------------------------------------------- KV cache
+class TreeKVCache(DynamicCache):
+    """The key/value cache of all layers of a model in one tensor ``(layers, 2, b, h_kv, capacity, d)``.
+
+    Slots ``[0, length)`` are committed. A forward appends its ``s`` new slots at ``end`` (every layer at the
+    same offset) and returns views ``[..., :end, :]``: no copy of the cache per forward. The decoder then
+    ``commit``s them, drops them (``rollback``), or ``keep``s a per-row selection (tree compaction: one
+    gather over all layers).
+    """
+
+    def __init__(self, num_layers: int, capacity: int):
+        super().__init__()
+        self.num_layers = num_layers
+        self.capacity = capacity
+        self.buffer: torch.Tensor | None = None
+        self.length = 0  # committed slots
+        self.end = 0  # committed slots + slots written since
+        self._start = 0  # where the forward in progress writes
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        s = key_states.shape[-2]
+        if layer_idx == 0:  # a new forward: all layers write at the same offset
+            self._start = self.end
+            self.end += s
+            self._reserve(key_states)
+        start, end = self._start, self._start + s
+        layer = self.buffer[layer_idx]  # (2, b, h_kv, capacity, d)
+        layer[0, :, :, start:end] = key_states
+        layer[1, :, :, start:end] = value_states
+        return layer[0, :, :, :end], layer[1, :, :, :end]
+
+    def _reserve(self, like: torch.Tensor):
+        b, h, _, d = like.shape
+        if self.buffer is None:
+            self.capacity = max(self.capacity, self.end)
+            self.buffer = like.new_empty(self.num_layers, 2, b, h, self.capacity, d)
+        elif self.end > self.capacity:
+            self.capacity = max(2 * self.capacity, self.end)
+            grown = self.buffer.new_empty(*self.buffer.shape[:4], self.capacity, d)
+            grown[..., : self._start, :] = self.buffer[..., : self._start, :]
+            self.buffer = grown
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.end
+
+    def load(self, layers: list[tuple[torch.Tensor, torch.Tensor]]):
+        """Commit the (keys, values) (b, h_kv, s, d) of every layer, e.g. the prefill's ``DynamicCache``."""
+        keys, _ = layers[0]
+        self._start, self.end = self.end, self.end + keys.shape[-2]
+        self._reserve(keys)
+        for layer, (k, v) in zip(self.buffer, layers):
+            layer[0, :, :, self._start : self.end] = k
+            layer[1, :, :, self._start : self.end] = v
+        self.commit()
+
+    def commit(self):
+        self.length = self.end
+
+    def rollback(self):
+        self.end = self.length
+
+    def keep(self, index: torch.Tensor):
+        """Commit, for row ``r``, the uncommitted slots ``index[r]`` (b, A) (offsets from ``length``), in order."""
+        n_layers, _, b, h, _, d = self.buffer.shape
+        A = index.shape[1]
+        new = self.buffer[..., self.length : self.end, :]
+        if b == 1:
+            kept = new.index_select(4, index[0])
+        else:
+            kept = new.gather(4, index.view(1, 1, b, 1, A, 1).expand(n_layers, 2, b, h, A, d))
+        self.buffer[..., self.length : self.length + A, :] = kept
+        self.length = self.end = self.length + A
+
+    def select_rows(self, rows: torch.Tensor):
+        if self.buffer is not None:
+            self.buffer = self.buffer.index_select(2, rows)
+
+
+# ----------------------------------------------------------------------------------------------- helpers
+def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool (b, q, kv), True = may attend -> additive float mask (b, 1, q, kv). A finite minimum keeps fully
+    masked query rows (holes) free of NaN."""
+    zero = torch.zeros((), dtype=dtype, device=allowed.device)
+    return torch.where(allowed, zero, torch.finfo(dtype).min).unsqueeze(1)
+
+
+def _attention_layout(text_config) -> tuple[int | None, str]:
+    """(sliding window, kind) with kind "full" (one causal mask), "sliding" (one windowed mask for every
+    layer) or "mixed" (a {"full_attention", "sliding_attention"} mask dict, as Gemma-2/3 take it)."""
+    window = getattr(text_config, "sliding_window", None)
+    layer_types = getattr(text_config, "layer_types", None)
+    if layer_types:
+        kinds = set(layer_types)
+        unknown = kinds - {"full_attention", "sliding_attention"}
+        if unknown:
+            raise ValueError(
+                f"Tree decoding supports full and sliding-window attention layers; this target also has {sorted(unknown)}."
+            )
+        if "sliding_attention" not in kinds or not window:
+            return None, "full"
+        return window, ("sliding" if kinds == {"sliding_attention"} else "mixed")
+    return (window, "sliding") if window else (None, "full")
+
+
+def _as_id_list(ids) -> list[int]:
+    if ids is None:
+        return []
+    if isinstance(ids, torch.Tensor):
+        return [int(i) for i in ids.flatten().tolist()]
+    if isinstance(ids, int):
+        return [ids]
+    return [int(i) for i in ids]
+
+
+def _forward_cache_kwarg(model) -> str:
+    """transformers 5 calls the cache argument ``cache``; earlier releases ``past_key_values``."""
+    params = inspect.signature(model.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _decoder_layer_count(model) -> int:
+    return model.config.get_text_config().num_hidden_layers
+
+
+def check_draft_fits_target(draft, target):
+    """Raise a clear ``ValueError`` when ``draft`` was not made for ``target``."""
+    cfg = target.config.get_text_config()
+    dc = draft.config
+    problems = []
+    if getattr(dc, "target_hidden_size", None) != cfg.hidden_size:
+        problems.append(
+            f"the draft reads target features of width {getattr(dc, 'target_hidden_size', None)}, the target's "
+            f"hidden size is {cfg.hidden_size}"
+        )
+    if dc.vocab_size != cfg.vocab_size:
+        problems.append(f"the draft maps to a vocabulary of {dc.vocab_size} tokens, the target has {cfg.vocab_size}")
+    ids = list((getattr(dc, "eagle_config", None) or {}).get("eagle_aux_hidden_state_layer_ids") or [])
+    L = cfg.num_hidden_layers
+    if len(ids) != 3 or any(not 0 <= int(i) < L for i in ids):
+        problems.append(f"the draft's aux layers {ids} do not exist in a target with {L} decoder layers")
+    if problems:
+        raise ValueError(
+            "This draft does not fit the target: " + "; ".join(problems) + ". Use a draft trained for this target."
+        )
+
+
+def _check_tree_parameters(depth: int, top_k: int, total_tokens: int, draft_vocab: int):
+    for name, value in (
+        ("depth", depth),
+        ("tree_top_k", top_k),
+        ("total_tokens", total_tokens),
+    ):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if top_k > draft_vocab:
+        raise ValueError(f"tree_top_k={top_k} exceeds the draft vocabulary ({draft_vocab} tokens)")
+    pool = top_k + (depth - 1) * top_k * top_k
+    if total_tokens > pool:
+        raise ValueError(
+            f"total_tokens={total_tokens} is larger than the {pool} candidates a tree of depth={depth} and "
+            f"tree_top_k={top_k} proposes (top_k + (depth - 1) * top_k**2): lower total_tokens or raise depth/top_k."
+        )
+
+
+# ----------------------------------------------------------------------------------------------- decoder
+class _TreeDecoder:
+    """State and steps of one tree-decoding run. Shapes: b active rows, T committed target slots, N tree
+    nodes (root excluded), F = 3 * target hidden (concatenated aux features), H draft hidden."""
+
+    def __init__(
+        self,
+        target,
+        draft,
+        *,
+        depth: int,
+        top_k: int,
+        total_tokens: int,
+        do_sample: bool,
+        processors: LogitsProcessorList,
+        eos_ids: list[int],
+        pad_id: int,
+        max_new_tokens: int,
+        criteria: list,
+        streamer,
+        on_step: Callable | None,
+        generator: torch.Generator | None,
+    ):
+        self.target, self.draft = target, draft
+        self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        self.do_sample = do_sample
+        self.processors = processors
+        self.history_free = all(isinstance(p, _HISTORY_FREE_PROCESSORS) for p in processors)
+        self.eos = set(eos_ids)
+        self.pad_id = pad_id
+        self.max_new_tokens = max_new_tokens
+        self.criteria = criteria
+        self.streamer = streamer
+        self.on_step = on_step
+        self.generator = generator
+
+        cfg = target.config.get_text_config()
+        self.window, self.mask_kind = _attention_layout(cfg)
+        self.aux = [int(i) + 1 for i in draft.config.aux_layer_ids]  # hidden_states index = layer output + 1
+        self.num_layers = _decoder_layer_count(target)
+        self.t_embed = target.get_input_embeddings()
+        self.device = self.t_embed.weight.device
+        self.t_dtype = self.t_embed.weight.dtype
+        self.d_dtype = draft.lm_head.weight.dtype
+        self.cache_kw = _forward_cache_kwarg(target)
+        self.t_head = target.get_output_embeddings()
+        self.softcap = getattr(cfg, "final_logit_softcapping", None)
+        # logits of the needed tree slots only (LOGITS_SUBSET_DEVICES), if the lm_head reproduces the model's
+        # own logits (checked at the prefill)
+        self.lazy_logits = False
+        # the draft's token embedding: its own, or the target's when it was saved without one
+        if getattr(draft, "_embedding_missing", False) and not getattr(draft, "_embedding_from_target", False):
+            self.d_embed = self.t_embed.weight[: draft.config.vocab_size]
+        else:
+            self.d_embed = draft.embed_tokens.weight
+        self.d2t = draft.d2t.to(self.device)
+        self.stats = TreeDecodingStats(tree={"depth": depth, "top_k": top_k, "total_tokens": total_tokens})
+        self._timed = self.device.type == "cuda"
+        self._events: list = []
+
+    # ------------------------------------------------------------------ timing
+    def _clock(self):
+        """A time stamp: CUDA events (read once at the end: no sync per step) or ``perf_counter``."""
+        if self._timed:
+            ev = torch.cuda.Event(enable_timing=True)
+            ev.record()
+            return ev
+        return time.perf_counter()
+
+    def _add_time(self, phase: str, start, stop):
+        if self._timed:
+            self._events.append((phase, start, stop))
+        else:
+            setattr(self.stats, phase, getattr(self.stats, phase) + stop - start)
+
+    # ------------------------------------------------------------------ forwards
+    def _target_mask(self, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor | None):
+        full = _additive_mask(allowed, self.t_dtype)
+        if self.window is None:
+            return full
+        in_window = (q_pos[:, :, None] - k_pos[:, None, :]) < self.window
+        sliding = _additive_mask(allowed & in_window, self.t_dtype)
+        if self.mask_kind == "sliding":
+            return sliding
+        return {"full_attention": full, "sliding_attention": sliding}
+
+    def _target_forward(self, ids, position_ids, mask, logits_to_keep: int | torch.Tensor, cache=None):
+        """-> (logits of the kept slots, aux features (b, s, F), final normed hidden states (b, s, Ht))."""
+        t0 = self._clock()
+        out = self.target(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=position_ids,
+            use_cache=True,
+            output_hidden_states=True,
+            logits_to_keep=logits_to_keep,
+            **{self.cache_kw: self.tcache if cache is None else cache},
+        )
+        feats = torch.cat([out.hidden_states[i] for i in self.aux], dim=-1)  # (b, s, F)
+        self._add_time("verify_time_s", t0, self._clock())
+        self.stats.target_forwards += 1
+        return out.logits, feats, out.hidden_states[-1]
+
+    def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's logits from its final (normed) hidden states, (n, Ht) -> (n, V)."""
+        logits = self.t_head(hidden)
+        if self.softcap:
+            logits = torch.tanh(logits / self.softcap) * self.softcap
+        return logits
+
+    def _draft_forward(
+        self,
+        tokens,
+        position_ids,
+        allowed,
+        *,
+        features=None,
+        hidden=None,
+        logits_to_keep=0,
+    ):
+        """``allowed``: (b, s, kv) bool, or None for causal attention over the whole draft cache."""
+        out = self.draft(
+            inputs_embeds=F.embedding(tokens, self.d_embed),
+            target_hidden_states=features,
+            hidden_states=hidden,
+            position_ids=position_ids,
+            attention_mask=None if allowed is None else _additive_mask(allowed, self.d_dtype),
+            cache=self.dcache,
+            use_cache=True,
+            logits_to_keep=logits_to_keep,
+        )
+        self.stats.draft_forwards += 1
+        return out.logits, out.hidden_states
+
+    def _draft_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
+        # strictly negative, so a child always scores below its parent (the selected tree is ancestor-closed)
+        return torch.log_softmax(logits.float(), dim=-1).clamp_max(-1e-4)
+
+    # ------------------------------------------------------------------ logits processing
+    def _process(self, scores: torch.Tensor, prefixes: Callable[[], list[torch.Tensor]]) -> torch.Tensor:
+        """scores (n, V) float32 -> processed scores. ``prefixes()`` gives each row's token history (1, len_r)
+        for processors that read it; score-only processors run once on all rows."""
+        if len(self.processors) == 0:
+            return scores
+        if self.history_free:
+            return self.processors(self._dummy_ids[: scores.shape[0]], scores)
+        rows = [self.processors(ids, scores[i : i + 1]) for i, ids in enumerate(prefixes())]
+        return torch.cat(rows, dim=0)
+
+    def _history(self, row: int, extra: list[int] | torch.Tensor = ()) -> torch.Tensor:
+        ids = self.tokens[row] + (extra.tolist() if isinstance(extra, torch.Tensor) else list(extra))
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
+
+    def _choose(self, scores: torch.Tensor) -> torch.Tensor:
+        """(n, V) processed scores -> (n,) tokens: argmax or a sample."""
+        if not self.do_sample:
+            return scores.argmax(dim=-1)
+        probs = torch.softmax(scores.float(), dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+
+    # ------------------------------------------------------------------ host-side emission
+    def _emit(self, row: int, new: list[int]) -> tuple[list[int], bool]:
+        """Append ``new`` to ``row`` up to the first stop condition: (tokens taken, row finished)."""
+        tokens = self.tokens[row]
+        taken = []
+        done = False
+        for tok in new:
+            tokens.append(tok)
+            taken.append(tok)
+            self.generated[row] += 1
+            if tok in self.eos or self.generated[row] >= self.max_new_tokens:
+                done = True
+            elif self.criteria:
+                ids = torch.tensor([tokens], dtype=torch.long)
+                done = any(bool(c(ids, None).any()) for c in self.criteria)
+            if done:
+                break
+        return taken, done
+
+    def _publish(self, emitted: dict[int, list[int]], from_draft: dict[int, int]):
+        if self.streamer is not None and 0 in emitted and emitted[0]:
+            self.streamer.put(torch.tensor(emitted[0], dtype=torch.long))
+        if self.on_step is not None:
+            rows = range(len(self.tokens))
+            self.on_step([emitted.get(r, []) for r in rows], [from_draft.get(r, 0) for r in rows])
+
+    # ------------------------------------------------------------------ main loop
+    def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
+        """Decode; returns each row's prompt + new tokens, right-padded to a common length."""
+        b, L = input_ids.shape
+        dev = self.device
+        t_start = time.perf_counter()
+        self.tokens = [row for row in input_ids.tolist()]
+        self.generated = [0] * b
+        self.rows = list(range(b))  # original row of each active row
+        self._dummy_ids = torch.zeros(b * (self.total_tokens + 1), 1, dtype=torch.long, device=dev)
+
+        capacity = L + self.max_new_tokens + self.total_tokens + self.depth + 16
+        self.tcache = TreeKVCache(self.num_layers, capacity)
+        self.dcache = TreeKVCache(1, capacity)
+
+        # ---- prefill: the prompt through the target (transformers builds the causal / padding / sliding-window
+        # masks from the 2D mask, as in plain generation), the first new token from its last position
+        valid = attention_mask.bool()
+        self.holes = b > 1 or not bool(valid.all())  # rows with masked slots: explicit masks everywhere
+        pos = (valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, L)
+        prefill_cache = DynamicCache()  # no config: every layer keeps all its keys
+        logits, feats, last = self._target_forward(
+            input_ids,
+            pos,
+            attention_mask if self.holes else None,
+            logits_to_keep=1,
+            cache=prefill_cache,
+        )
+        self.tcache.load([(layer.keys, layer.values) for layer in prefill_cache.layers])
+        del prefill_cache
+        if self.t_head is not None and dev.type in LOGITS_SUBSET_DEVICES:
+            self.lazy_logits = bool(torch.equal(self._lm_head(last[:, -1]), logits[:, -1]))
+        self.t_valid, self.t_pos = valid, pos  # (b, T)
+        scores = logits[:, -1].float()
+        scores = self._process(scores, lambda: [input_ids[i : i + 1] for i in range(b)])
+        root = self._choose(scores)  # (b,)
+        self.next_pos = pos[:, -1] + 1  # position of the root (b,)
+        self.root = root
+        # the draft reads (feature t, token t+1) at position t: the prompt's features with the shifted prompt
+        self.pend_feats, self.pend_tok = (
+            feats,
+            torch.cat([input_ids[:, 1:], root[:, None]], dim=1),
+        )
+        self.pend_pos, self.pend_valid = pos, valid
+        self.d_valid = torch.zeros(b, 0, dtype=torch.bool, device=dev)
+
+        if self.streamer is not None:
+            self.streamer.put(input_ids[0].cpu())
+        first = root.tolist()
+        emitted, finished = {}, []
+        for i, tok in enumerate(first):
+            taken, done = self._emit(i, [tok])
+            emitted[i] = taken
+            self.stats.accepted_per_step.append(len(taken))
+            if done:
+                finished.append(i)
+        self._forwards_per_row = [1] * b
+        self._publish(emitted, {})
+        self._drop_rows(finished)
+
+        # ---- tree steps
+        while self.rows:
+            remaining = max(self.max_new_tokens - self.generated[r] for r in self.rows)
+            self._step(min(self.depth, remaining - 1))
+
+        # ---- output
+        if self._timed:
+            torch.cuda.synchronize()
+            for phase, start, stop in self._events:
+                setattr(
+                    self.stats,
+                    phase,
+                    getattr(self.stats, phase) + start.elapsed_time(stop) / 1e3,
+                )
+            self._events.clear()
+        new_max = max(self.generated) if self.generated else 0
+        seqs = [row + [self.pad_id] * (L + new_max - len(row)) for row in self.tokens]
+        st = self.stats
+        st.new_tokens = sum(self.generated)
+        st.total_time_s = time.perf_counter() - t_start
+        st.overhead_time_s = max(st.total_time_s - st.draft_time_s - st.verify_time_s, 0.0)
+        st.mean_acceptance_length = st.new_tokens / max(sum(self._forwards_per_row), 1)
+        return seqs
+
+    def _step(self, depth: int):
+        """One draft + verify + accept step. ``depth`` may be below the configured depth near max_new_tokens."""
+        dev = self.device
+        b = len(self.rows)
+        arange_b = torch.arange(b, device=dev)
+        if depth >= 1:
+            t0 = self._clock()
+            node_tok, node_parent, node_depth = self._draft_tree(depth)
+            self._add_time("draft_time_s", t0, self._clock())
+        else:  # one token left for every row: a plain target step
+            node_tok = node_parent = node_depth = torch.zeros(b, 0, dtype=torch.long, device=dev)
+        N = node_tok.shape[1]
+        tok = torch.cat([self.root[:, None], node_tok], dim=1)  # (b, N+1), slot 0 = root
+        parent = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=dev), node_parent], dim=1)
+        level = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=dev), node_depth], dim=1)
+
+        # ancestors (self included): anc[r, i, j] = slot j is on the path root -> i
+        eye = torch.eye(N + 1, dtype=torch.bool, device=dev).expand(b, N + 1, N + 1)
+        anc = eye
+        for _ in range(depth):
+            anc = eye | anc.gather(1, parent[:, :, None].expand(b, N + 1, N + 1))
+
+        # ---- verify: [root, nodes] in one target forward
+        T = self.tcache.length
+        q_pos = self.next_pos[:, None] + level  # (b, N+1)
+        allowed = torch.cat([self.t_valid[:, None, :].expand(b, N + 1, T), anc], dim=-1)
+        k_pos = torch.cat([self.t_pos, q_pos], dim=-1) if self.window is not None else None
+        walk = self.do_sample or not self.history_free  # the walk reads the logits of the nodes it visits
+        keep: int | torch.Tensor = 0  # logits of every slot
+        if self.lazy_logits and walk:
+            keep = 1
+        elif self.lazy_logits:  # greedy: slots with children (in any row)
+            has_child = torch.zeros(b, N + 1, dtype=torch.bool, device=dev).scatter_(1, node_parent, True)
+            keep = has_child.any(dim=0).nonzero().squeeze(1)
+            if keep.numel() == 0:
+                keep = 1
+        mask = self._target_mask(allowed, q_pos, k_pos)
+        logits, feats, last = self._target_forward(tok, q_pos, mask, logits_to_keep=keep)
+        for r in self.rows:
+            self._forwards_per_row[r] += 1
+
+        def node_logits(
+            slot: torch.Tensor,
+        ) -> torch.Tensor:  # (b,) slot per row -> (b, V)
+            if isinstance(keep, int) and keep == 0:
+                return logits[arange_b, slot]
+            return self._lm_head(last[arange_b, slot])
+
+        # ---- accept
+        if not walk:
+            V = logits.shape[-1]
+            scores = logits
+            if len(self.processors):
+                scores = self._process(logits.float().reshape(-1, V), None).view(b, -1, V)
+            best = scores.argmax(dim=-1)  # (b, kept slots): the target's choice after each slot
+            if not (isinstance(keep, int) and keep == 0):
+                kept = keep if isinstance(keep, torch.Tensor) else torch.tensor([N], device=dev)
+                best_all = torch.full((b, N + 1), -1, dtype=torch.long, device=dev)
+                best_all[:, kept] = best
+                best = best_all  # -1 at slots without children (and without logits)
+            correct = tok == best.gather(1, parent)
+            correct[:, 0] = True
+            on_good_path = ~(anc & ~correct[:, None, :]).any(dim=-1)
+            end = torch.where(on_good_path, level, -1).argmax(dim=-1)  # deepest fully matched slot (b,)
+            bonus = best.gather(1, end[:, None]).squeeze(1)
+            if not (isinstance(keep, int) and keep == 0) and bool((bonus < 0).any()):
+                leaf = node_logits(end)  # a path ended at a slot without children: its logits now
+                if len(self.processors):
+                    leaf = self._process(leaf.float(), None)
+                bonus = torch.where(bonus < 0, leaf.argmax(dim=-1), bonus)
+        else:
+            end, bonus = self._walk(node_logits, tok, parent, depth)
+
+        accepted = level.gather(1, end[:, None]).squeeze(1)  # accepted draft tokens per row (b,)
+        on_path = anc[arange_b, end]  # (b, N+1)
+        W = min(depth, N) + 1
+        slot_ids = torch.arange(N + 1, device=dev).expand(b, N + 1)
+        path = torch.where(on_path, slot_ids, -1).sort(dim=-1).values[:, -W:]  # right-aligned slots, -1 = hole
+        path_tok = tok.gather(1, path.clamp(min=0))
+        host = torch.cat([accepted[:, None], bonus[:, None], path_tok], dim=1).tolist()  # the step's one sync
+
+        # ---- host: emit, stop conditions, stream
+        emitted, from_draft, finished = {}, {}, []
+        for i, r in enumerate(self.rows):
+            a, bonus_tok, toks = host[i][0], host[i][1], host[i][2:]
+            new = toks[W - a :] + [bonus_tok]
+            taken, done = self._emit(r, new)
+            emitted[r], from_draft[r] = taken, min(a, len(taken))
+            self.stats.accepted_per_step.append(len(taken))
+            if done:
+                finished.append(i)
+        self.stats.steps += 1
+        self._publish(emitted, from_draft)
+        if len(finished) == b:
+            self.rows = []
+            return
+
+        # ---- compact the target cache to the accepted paths; queue their features for the draft
+        A = max(h[0] for h in host) + 1
+        slots = path[:, W - A :]  # (b, A) right-aligned, -1 = hole (a row that accepted fewer)
+        slots_valid = slots >= 0
+        slots = slots.clamp(min=0)
+        self.tcache.keep(slots)
+        slots_pos = q_pos.gather(1, slots)
+        self.t_valid = torch.cat([self.t_valid, slots_valid], dim=1)
+        self.t_pos = torch.cat([self.t_pos, slots_pos], dim=1)
+        self.pend_feats = feats.gather(1, slots[:, :, None].expand(b, A, feats.shape[-1]))
+        self.pend_tok = torch.cat([path_tok[:, W - A + 1 :], bonus[:, None]], dim=1)  # the token after each slot
+        self.pend_pos, self.pend_valid = slots_pos, slots_valid
+        self.next_pos = self.next_pos + accepted + 1
+        self.root = bonus
+        self._drop_rows(finished)
+
+    def _drop_rows(self, finished: list[int]):
+        if not finished:
+            return
+        gone = set(finished)
+        keep = [i for i in range(len(self.rows)) if i not in gone]
+        self.rows = [self.rows[i] for i in keep]
+        if not keep:
+            return
+        idx = torch.tensor(keep, dtype=torch.long, device=self.device)
+        self.tcache.select_rows(idx)
+        self.dcache.select_rows(idx)
+        for name in (
+            "t_valid",
+            "t_pos",
+            "d_valid",
+            "pend_feats",
+            "pend_tok",
+            "pend_pos",
+            "pend_valid",
+            "next_pos",
+            "root",
+        ):
+            setattr(self, name, getattr(self, name).index_select(0, idx))
+
+    # ------------------------------------------------------------------ drafting
+    def _draft_tree(self, depth: int):
+        """Build the dynamic tree. Returns node tokens (b, N) (target ids), parent slots (b, N) (0 = root,
+        node i is slot i+1) and depths (b, N); nodes are ordered so that parents precede children."""
+        dev = self.device
+        b, k = len(self.rows), self.top_k
+        H = self.draft.config.hidden_size
+
+        # 1. the accepted tokens' target features -> draft context; the root's children from its slot
+        A = self.pend_tok.shape[1]
+        Td = self.dcache.length
+        allowed = None  # causal over the whole draft context
+        if self.holes:
+            causal = torch.ones(A, A, dtype=torch.bool, device=dev).tril()
+            allowed = torch.cat(
+                [
+                    self.d_valid[:, None, :].expand(b, A, Td),
+                    causal[None] & self.pend_valid[:, None, :],
+                ],
+                dim=-1,
+            )
+        logits, hidden = self._draft_forward(
+            self.pend_tok,
+            self.pend_pos,
+            allowed,
+            features=self.pend_feats,
+            logits_to_keep=1,
+        )
+        self.dcache.commit()
+        self.d_valid = torch.cat([self.d_valid, self.pend_valid], dim=1)
+        ctx_allowed = self.d_valid[:, None, :]  # (b, 1, Td + A)
+
+        logp = self._draft_log_probs(logits[:, -1])  # (b, Vd)
+        score, draft_ids = logp.topk(k, dim=-1)  # (b, k)
+        token = draft_ids + self.d2t[draft_ids]
+        pool_score, pool_tok = [score], [token]
+        sentinel = k + (depth - 1) * k * k  # "parent = root"
+        pool_parent = [torch.full((b, k), sentinel, dtype=torch.long, device=dev)]
+        # frontier: nodes fed to the next draft forward
+        f_score, f_tok = score, token
+        f_hidden = hidden[:, -1:].expand(b, k, H)
+        f_index = torch.arange(k, device=dev).expand(b, k)  # pool index
+        f_anc = torch.zeros(b, k, 0, dtype=torch.bool, device=dev)  # ancestors among the fed tree slots
+        eye_k = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
+        offset = k
+
+        # 2. one draft forward per further level
+        for lvl in range(2, depth + 1):
+            anc_self = torch.cat([f_anc, eye_k], dim=-1)  # (b, k, (lvl-1)*k)
+            allowed = torch.cat([ctx_allowed.expand(b, k, ctx_allowed.shape[-1]), anc_self], dim=-1)
+            f_pos = (self.next_pos + lvl - 2)[:, None].expand(b, k)  # a depth-d node sits at root pos + d - 1
+            logits, hidden = self._draft_forward(f_tok, f_pos, allowed, hidden=f_hidden)
+            logp = self._draft_log_probs(logits)  # (b, k, Vd)
+            child_logp, child_ids = logp.topk(k, dim=-1)  # (b, k, k)
+            c_score = (f_score[:, :, None] + child_logp).reshape(b, k * k)
+            c_tok = (child_ids + self.d2t[child_ids]).reshape(b, k * k)
+            pool_score.append(c_score)
+            pool_tok.append(c_tok)
+            pool_parent.append(f_index[:, :, None].expand(b, k, k).reshape(b, k * k))
+            if lvl < depth:
+                best = c_score.topk(k, dim=-1).indices  # (b, k) next frontier
+                parent_j = best // k
+                f_score = c_score.gather(1, best)
+                f_tok = c_tok.gather(1, best)
+                f_hidden = hidden.gather(1, parent_j[:, :, None].expand(b, k, H))
+                f_anc = anc_self.gather(1, parent_j[:, :, None].expand(b, k, anc_self.shape[-1]))
+                f_index = offset + best
+            offset += k * k
+        self.dcache.rollback()  # the tree's draft slots are not context
+
+        # 3. the best total_tokens nodes of the pool by cumulative log-probability
+        pool_score = torch.cat(pool_score, dim=1)  # (b, P)
+        P = pool_score.shape[1]
+        N = min(self.total_tokens, P)
+        selected = pool_score.topk(N, dim=-1).indices.sort(dim=-1).values  # (b, N), pool order: parents first
+        slot_of = torch.full((b, P + 1), -1, dtype=torch.long, device=dev)  # pool index -> node index
+        slot_of.scatter_(1, selected, torch.arange(N, device=dev).expand(b, N))
+        parent_pool = torch.cat(pool_parent, dim=1).gather(1, selected)
+        node_parent = slot_of.gather(1, parent_pool) + 1  # slot of the parent, root = 0
+        node_tok = torch.cat(pool_tok, dim=1).gather(1, selected)
+        pool_depth = torch.cat(
+            [torch.ones(k, dtype=torch.long, device=dev)]
+            + [torch.full((k * k,), d, dtype=torch.long, device=dev) for d in range(2, depth + 1)]
+        )
+        node_depth = pool_depth[selected]
+        return node_tok, node_parent, node_depth
+
+    # ------------------------------------------------------------------ acceptance walk
+    def _walk(self, node_logits, tok, parent, depth):
+        """Walk the tree from the root, level by level (all rows at once): at each node accept one child by
+        multi-candidate rejection sampling (greedy: the child equal to the argmax), else stop there and draw
+        the bonus token. Returns (end slot (b,), bonus token (b,))."""
+        dev = self.device
+        cpu = dev.type == "cpu"
+        b, S = tok.shape
+        arange_b = torch.arange(b, device=dev)
+        slots = torch.arange(S, device=dev)
+        is_child = (parent[:, None, :] == slots[None, :, None]) & (slots > 0)[None, None, :]  # (b, parent, child)
+        cur = torch.zeros(b, dtype=torch.long, device=dev)
+        alive = torch.ones(b, dtype=torch.bool, device=dev)
+        bonus = torch.zeros(b, dtype=torch.long, device=dev)
+        path: list[torch.Tensor] = []  # accepted tokens so far, one (b,) per level
+        for _ in range(depth + 1):
+            scores = node_logits(cur).float()  # (b, V)
+            prefix = torch.stack(path, dim=1) if path else torch.zeros(b, 0, dtype=torch.long, device=dev)
+            scores = self._process(
+                scores,
+                lambda prefix=prefix: [self._history(r, prefix[i]) for i, r in enumerate(self.rows)],
+            )
+            cand = is_child[arange_b, cur] & alive[:, None]  # (b, S)
+            if self.do_sample:
+                probs = torch.softmax(scores, dim=-1)
+                p_cand = probs.gather(1, tok) * cand
+                before = p_cand.cumsum(dim=-1) - p_cand  # mass of the earlier (rejected) children
+                left = 1.0 - before
+                ratio = torch.where(left > 0, p_cand / left.clamp_min(1e-30), 0.0)
+                u = torch.rand(b, S, device=dev, generator=self.generator)
+                accept = cand & (u < ratio)
+            else:
+                best = scores.argmax(dim=-1)
+                accept = cand & (tok == best[:, None])
+            has = accept.any(dim=-1)
+            stop_here = alive & ~has
+            if not cpu or bool(stop_here.any()):  # (no host sync per level on accelerators)
+                if self.do_sample:
+                    # residual: p without every (rejected) child of this node, renormalised
+                    hit = torch.zeros_like(probs).scatter_add_(1, tok, cand.float()) > 0
+                    residual = probs.masked_fill(hit, 0.0)
+                    empty = residual.sum(dim=-1, keepdim=True) <= 0
+                    residual = torch.where(empty, probs, residual)
+                    drawn = torch.multinomial(residual, 1, generator=self.generator).squeeze(1)
+                else:
+                    drawn = best
+                bonus = torch.where(stop_here, drawn, bonus)
+            nxt = accept.int().argmax(dim=-1)  # first accepted child
+            cur = torch.where(alive & has, nxt, cur)
+            path.append(tok.gather(1, cur[:, None]).squeeze(1))
+            alive = alive & has
+            if cpu and not bool(alive.any()):
+                break
+        return cur, bonus
+
+
+# ----------------------------------------------------------------------------------------------- API
+def _prepare_draft(draft, target):
+    if draft is None:
+        raise ValueError(
+            "Tree decoding needs an EAGLE-3 draft: pass `draft=` (a loaded Eagle3DraftModel, or a repo id / folder)."
+        )
+    if isinstance(draft, (str, Path)):
+        draft = _load_draft(str(draft), target)
+    if not hasattr(draft, "d2t") or not hasattr(draft.config, "aux_layer_ids"):
+        raise ValueError(f"`draft` must be an EAGLE-3 draft (Eagle3DraftModel), got {type(draft).__name__}")
+    check_draft_fits_target(draft, target)
+    t_dev = target.get_input_embeddings().weight.device
+    d_dev = draft.lm_head.weight.device
+    if t_dev != d_dev:
+        raise ValueError(f"The draft is on {d_dev} and the target on {t_dev}: move both to the same device.")
+    return draft
+
+
+_LOADED_DRAFTS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
+
+
+def _load_draft(repo: str, target, revision: str | None = None):
+    """Load (once per target) the EAGLE-3 draft stored in ``repo`` (a Hub id or a folder)."""
+    per_target = _LOADED_DRAFTS.setdefault(target, {})
+    key = (repo, revision)
+    if key not in per_target:
+        from transformers import AutoModel
+
+        weight = target.get_input_embeddings().weight
+        kwargs = {"revision": revision} if revision else {}
+        draft = AutoModel.from_pretrained(repo, trust_remote_code=True, dtype=weight.dtype, **kwargs)
+        per_target[key] = draft.to(weight.device).eval().requires_grad_(False)
+    return per_target[key]
+
+
+class _PausedFeatureHooks:
+    """A bound draft (``draft.bind(target)``) captures target features on every target forward for assisted
+    generation; tree decoding reads ``output_hidden_states`` instead, so the hooks are removed meanwhile."""
+
+    def __init__(self, draft):
+        self.draft = draft
+        self.target = None
+
+    def __enter__(self):
+        if getattr(self.draft, "_hook_handles", None) and hasattr(self.draft, "unbind"):
+            self.target = getattr(self.draft, "target", None)
+            self.draft.unbind(keep_target=True)
+        return self
+
+    def __exit__(self, *exc):
+        if self.target is not None and hasattr(self.draft, "_register_feature_hooks"):
+            self.draft._register_feature_hooks(self.target)
+        return False
+
+
+def _run(
+    target,
+    draft,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    *,
+    max_new_tokens: int,
+    do_sample: bool,
+    processors: LogitsProcessorList,
+    eos_ids: list[int],
+    pad_id: int | None,
+    criteria: list,
+    streamer,
+    on_step,
+    generator,
+    depth,
+    tree_top_k,
+    total_tokens,
+) -> TreeDecodingOutput:
+    draft = _prepare_draft(draft, target)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+        raise ValueError(
+            f"input_ids must be (batch, prompt_len) with prompt_len >= 1, got shape {tuple(input_ids.shape)}"
+        )
+    device = target.get_input_embeddings().weight.device
+    input_ids = input_ids.to(device=device, dtype=torch.long)
+    if attention_mask is None:
+        attention_mask = torch.ones_like(input_ids)
+    attention_mask = attention_mask.to(device)
+    if attention_mask.shape != input_ids.shape:
+        raise ValueError(
+            f"attention_mask {tuple(attention_mask.shape)} must have the shape of input_ids {tuple(input_ids.shape)}"
+        )
+    if bool((attention_mask[:, -1] == 0).any()):
+        raise ValueError(
+            "Tree decoding needs left padding (the last prompt position of every row must be a token): "
+            "use tokenizer(..., padding_side='left')."
+        )
+    b = input_ids.shape[0]
+    if streamer is not None and b != 1:
+        raise ValueError("Streaming works with one prompt at a time (batch size 1), like transformers' streamers.")
+    cfg = target.config.get_text_config()
+    context = getattr(cfg, "max_position_embeddings", None)
+    prompt_len = int(attention_mask.sum(-1).max())
+    if context is not None and prompt_len >= context:
+        raise ValueError(
+            f"The prompt has {prompt_len} tokens but the target's context is {context} positions: shorten the prompt."
+        )
+    if context is not None and prompt_len + max_new_tokens > context:
+        warnings.warn(
+            f"prompt ({prompt_len}) + max_new_tokens ({max_new_tokens}) exceeds the target's context ({context}); "
+            "quality may degrade past it.",
+            stacklevel=3,
+        )
+    defaults = tree_defaults(device)
+    depth = defaults["depth"] if depth is None else depth
+    tree_top_k = defaults["top_k"] if tree_top_k is None else tree_top_k
+    total_tokens = defaults["total_tokens"] if total_tokens is None else total_tokens
+    _check_tree_parameters(depth, tree_top_k, total_tokens, draft.config.draft_vocab_size)
+    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if pad_id is None:
+        pad_id = eos_ids[0] if eos_ids else 0
+    if max_new_tokens == 0:
+        if streamer is not None:
+            streamer.end()
+        return TreeDecodingOutput(sequences=input_ids.clone(), stats=TreeDecodingStats())
+
+    decoder = _TreeDecoder(
+        target,
+        draft,
+        depth=depth,
+        top_k=tree_top_k,
+        total_tokens=total_tokens,
+        do_sample=do_sample,
+        processors=processors,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        max_new_tokens=max_new_tokens,
+        criteria=criteria,
+        streamer=streamer,
+        on_step=on_step,
+        generator=generator,
+    )
+    was_training = (target.training, draft.training)
+    target.eval()
+    draft.eval()
+    try:
+        with _PausedFeatureHooks(draft), torch.inference_mode():
+            rows = decoder.run(input_ids, attention_mask)
+    finally:
+        target.train(was_training[0])
+        draft.train(was_training[1])
+        if streamer is not None:
+            streamer.end()
+    sequences = torch.tensor(rows, dtype=torch.long, device=device)  # a normal tensor (outside inference mode)
+    return TreeDecodingOutput(sequences=sequences, stats=decoder.stats)
+
+
+def _generate(
+    target,
+    draft,
+    input_ids: torch.LongTensor,
+    attention_mask: torch.Tensor | None = None,
+    max_new_tokens: int = 256,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int = 0,
+    top_p: float = 1.0,
+    eos_token_id: int | list[int] | None = None,
+    stop_strings: str | list[str] | None = None,
+    tokenizer=None,
+    streamer=None,
+    depth: int | None = None,
+    tree_top_k: int | None = None,
+    total_tokens: int | None = None,
+    on_step: Callable[[list[list[int]], list[int]], None] | None = None,
+    generator: torch.Generator | None = None,
+) -> TreeDecodingOutput:
+    """EAGLE tree decoding of ``target`` with ``draft``; equal to ``target.generate`` in distribution (token
+    for token when greedy, up to floating-point ties).
+
+    Args:
+        target: a transformers causal LM. draft: an ``Eagle3DraftModel`` for it (or a repo id / folder).
+        input_ids: (b, L), left-padded when b > 1; attention_mask: (b, L) 1 = token, 0 = padding.
+        max_new_tokens: new tokens per row.
+        do_sample / temperature / top_k / top_p: as in transformers (top_k=0 and top_p=1.0 disable them).
+        eos_token_id: stop ids (default: the target's generation config); stop_strings: needs ``tokenizer``.
+        streamer: a transformers streamer (batch size 1); receives the prompt, then each accepted block.
+        depth / tree_top_k / total_tokens: tree shape; ``None`` = ``TREE_DEFAULTS`` for the device.
+        on_step: ``on_step(tokens, num_from_draft)`` after every target forward: per row the tokens it just
+            committed and how many of them came from the draft (the rest: the target's bonus token).
+        generator: a ``torch.Generator`` for sampling.
+
+    Returns ``TreeDecodingOutput(sequences (b, L + new), stats)``; rows that stopped are right-padded.
+    """
+    if do_sample:
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
+        if not 0 < top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        if top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
+    processors = LogitsProcessorList()
+    if do_sample:
+        if temperature != 1.0:
+            processors.append(_lp.TemperatureLogitsWarper(temperature))
+        if top_k > 0:
+            processors.append(_lp.TopKLogitsWarper(top_k))
+        if top_p < 1.0:
+            processors.append(_lp.TopPLogitsWarper(top_p))
+    if eos_token_id is None:
+        eos_token_id = getattr(target.generation_config, "eos_token_id", None)
+    eos_ids = _as_id_list(eos_token_id)
+    pad_id = getattr(target.generation_config, "pad_token_id", None)
+    criteria = []
+    if stop_strings:
+        if tokenizer is None:
+            raise ValueError("stop_strings need the target's tokenizer: pass tokenizer=...")
+        criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    return _run(
+        target,
+        draft,
+        input_ids,
+        attention_mask,
+        max_new_tokens=max_new_tokens,
+        do_sample=do_sample,
+        processors=processors,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        criteria=criteria,
+        streamer=streamer,
+        on_step=on_step,
+        generator=generator,
+        depth=depth,
+        tree_top_k=tree_top_k,
+        total_tokens=total_tokens,
+    )
+
+
+def tree_generate(
+    model,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config,
+    draft=None,
+    eagle_streamer=None,
+    depth: int | None = None,
+    tree_top_k: int | None = None,
+    total_tokens: int | None = None,
+    on_step: Callable | None = None,
+    generator: torch.Generator | None = None,
+    **model_kwargs,
+):
+    """``target.generate(ids, custom_generate=tree_generate, draft=draft, ...)``.
+
+    transformers builds the logits processors (temperature, top-k, top-p, repetition penalty, ...) and
+    stopping criteria from the generation config and hands them here; it drops ``streamer`` for a
+    custom_generate callable, so pass one as ``eagle_streamer``. Returns the sequences, or a
+    ``TreeDecodingOutput`` with ``return_dict_in_generate=True``. Stop strings need a ``StopStringCriteria``
+    in ``stopping_criteria`` (transformers does not hand the tokenizer to a custom_generate callable).
+    """
+    if getattr(generation_config, "num_beams", 1) > 1:
+        raise ValueError("Tree decoding does not do beam search: use num_beams=1.")
+    max_length = generation_config.max_length
+    max_new_tokens = max(int(max_length) - input_ids.shape[1], 0)
+    eos_ids = _as_id_list(getattr(generation_config, "_eos_token_tensor", None))
+    if not eos_ids:
+        eos_ids = _as_id_list(generation_config.eos_token_id)
+    pad = getattr(generation_config, "_pad_token_tensor", None)
+    pad_id = int(pad.flatten()[0]) if isinstance(pad, torch.Tensor) else generation_config.pad_token_id
+    criteria = [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
+    out = _run(
+        model,
+        draft,
+        input_ids,
+        model_kwargs.get("attention_mask"),
+        max_new_tokens=max_new_tokens,
+        do_sample=bool(generation_config.do_sample),
+        processors=logits_processor,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        criteria=criteria,
+        streamer=eagle_streamer,
+        on_step=on_step,
+        generator=generator,
+        depth=depth,
+        tree_top_k=tree_top_k,
+        total_tokens=total_tokens,
+    )
+    return out if generation_config.return_dict_in_generate else out.sequences
+
+
+def _custom_generate_source() -> tuple[str | None, str | None]:
+    """(repo, revision) of ``target.generate(custom_generate="repo", ...)`` further up the call stack.
+
+    transformers calls a Hub ``custom_generate/generate.py`` as ``generate(model=..., **arguments)`` without
+    the repo it came from (the file runs from transformers' module cache), so read it from the caller.
+    """
+    frame = inspect.currentframe()
+    while frame is not None:
+        local = frame.f_locals
+        if frame.f_code.co_name == "generate" and isinstance(local.get("custom_generate"), str) and "self" in local:
+            extra = local.get("kwargs") or {}
+            return local["custom_generate"], extra.get("revision")
+        frame = frame.f_back
+    return None, None
+
+
+def _generate_from_hub(
+    model,
+    inputs=None,
+    generation_config=None,
+    logits_processor=None,
+    stopping_criteria=None,
+    prefix_allowed_tokens_fn=None,
+    synced_gpus=None,
+    assistant_model=None,
+    streamer=None,
+    negative_prompt_ids=None,
+    negative_prompt_attention_mask=None,
+    draft=None,
+    tokenizer=None,
+    **kwargs,
+):
+    """``target.generate(ids, custom_generate="user/draft-repo", trust_remote_code=True, ...)``: loads the
+    draft from the same repo (unless ``draft=`` is given) and runs ``tree_generate`` through transformers."""
+    if negative_prompt_ids is not None or negative_prompt_attention_mask is not None:
+        raise ValueError("Tree decoding does not support negative prompts.")
+    if draft is None:
+        draft = assistant_model
+    if draft is None:
+        repo, revision = _custom_generate_source()
+        if repo is None:
+            raise ValueError("Could not tell which repo this custom_generate came from: pass draft=... explicitly.")
+        draft = _load_draft(repo, model, revision)
+    elif isinstance(draft, (str, Path)):
+        draft = _load_draft(str(draft), model)
+    stop_strings = kwargs.pop("stop_strings", None)
+    if generation_config is not None and getattr(generation_config, "stop_strings", None):
+        import copy
+
+        stop_strings = stop_strings or generation_config.stop_strings
+        generation_config = copy.deepcopy(generation_config)
+        generation_config.stop_strings = None
+    criteria = StoppingCriteriaList(stopping_criteria or [])
+    if stop_strings:
+        if tokenizer is None:
+            raise ValueError("stop_strings need the target's tokenizer: pass tokenizer=...")
+        criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
+    # the class's generate: an instance whose `generate` was replaced by this file would loop
+    return type(model).generate(
+        model,
+        inputs,
+        generation_config=generation_config,
+        logits_processor=logits_processor,
+        stopping_criteria=criteria,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+        custom_generate=tree_generate,
+        draft=draft,
+        eagle_streamer=streamer,
+        **kwargs,
+    )
+
+
+def generate(*args, **kwargs):
+    """EAGLE tree decoding (see ``_generate`` for the arguments):
+
+        generate(target, draft, input_ids, attention_mask=None, max_new_tokens=256, do_sample=False,
+                 temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, stop_strings=None, tokenizer=None,
+                 streamer=None, depth=None, tree_top_k=None, total_tokens=None, on_step=None, generator=None)
+        -> TreeDecodingOutput(sequences, stats)
+
+    Also the entry point of ``custom_generate/generate.py``: transformers calls it as
+    ``generate(model=target, inputs=..., generation_config=..., ...)``.
+    """
+    if "model" in kwargs and not args:
+        return _generate_from_hub(**kwargs)
+    return _generate(*args, **kwargs)
+
+
+generate.__signature__ = inspect.signature(_generate)  # type: ignore[attr-defined]
+
+
+def write_custom_generate(folder: str | Path) -> Path:
+    """Copy this file to ``folder/custom_generate/generate.py`` (the draft folder also needs its
+    ``modeling_eagle3.py`` and an ``auto_map`` for ``trust_remote_code``)."""
+    out = Path(folder) / "custom_generate" / "generate.py"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(Path(__file__).read_text(encoding="utf-8"), encoding="utf-8")
+    return out
+
+
+__all__ = [
+    "TREE_DEFAULTS",
+    "TreeDecodingOutput",
+    "TreeDecodingStats",
+    "TreeKVCache",
+    "check_draft_fits_target",
+    "generate",
+    "tree_defaults",
+    "tree_generate",
+    "write_custom_generate",
+]

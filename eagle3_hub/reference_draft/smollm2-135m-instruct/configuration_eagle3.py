@@ -1,0 +1,126 @@
+"""Configuration of the EAGLE-3 draft model.
+
+This file is shipped next to the weights of every saved draft (``trust_remote_code``), so it imports
+nothing from ``eagle3_hub``.
+
+Aux-layer convention
+--------------------
+``eagle_config["eagle_aux_hidden_state_layer_ids"]`` lists 0-based target decoder layers whose **output**
+is captured (``hidden_states[i + 1]`` of ``output_hidden_states=True``). This is the convention of
+SpecForge, ModelOpt and SGLang (SGLang adds 1 to get the index of the layer whose *input* it captures).
+The EAGLE-3 reference captures the input of layers ``2, L//2, L-3``, which is the output of layers
+``1, L//2-1, L-4``: our default.
+"""
+
+from transformers import PretrainedConfig
+
+
+def default_aux_layer_ids(num_target_layers: int) -> list[int]:
+    """Low, middle and high layer of the EAGLE-3 reference, as 0-based layer *outputs*.
+
+    The reference reads the input of layers ``2, L//2, L-3`` = the output of ``1, L//2-1, L-4``.
+    Targets with fewer than 8 layers (test models) use the first, middle and last layer instead.
+    """
+    L = num_target_layers
+    if L >= 8:
+        return [1, L // 2 - 1, L - 4]
+    return [0, (L - 1) // 2, L - 1]
+
+
+class Eagle3Config(PretrainedConfig):
+    r"""Configuration of an EAGLE-3 draft: one Llama-style decoder layer over ``[embedding ; fused feature]``.
+
+    Args:
+        vocab_size: the **target** vocabulary (transformers' assisted generation compares it with the target's).
+        draft_vocab_size: the draft's own (reduced) vocabulary; ``d2t``/``t2d`` map it to the target's.
+        hidden_size: the draft's hidden size (equal to the target's, the embedding is shared).
+        target_hidden_size: the width of one target feature; ``fc`` reads ``3 * target_hidden_size``.
+        eagle_config: ``{"eagle_aux_hidden_state_layer_ids": [...], "use_aux_hidden_state": True}``; ids are
+            target decoder layer *outputs* (see module docstring).
+        target_num_hidden_layers: number of decoder layers of the target the draft was sized for.
+    """
+
+    model_type = "eagle3_draft"
+    keys_to_ignore_at_inference = ["cache", "past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 32000,
+        draft_vocab_size: int | None = None,
+        hidden_size: int = 4096,
+        target_hidden_size: int | None = None,
+        intermediate_size: int = 14336,
+        num_hidden_layers: int = 1,
+        num_attention_heads: int = 32,
+        num_key_value_heads: int | None = None,
+        head_dim: int | None = None,
+        hidden_act: str = "silu",
+        max_position_embeddings: int = 8192,
+        rms_norm_eps: float = 1e-6,
+        rope_parameters: dict | None = None,
+        attention_bias: bool = False,
+        mlp_bias: bool = False,
+        attention_dropout: float = 0.0,
+        initializer_range: float = 0.02,
+        eagle_config: dict | None = None,
+        target_num_hidden_layers: int | None = None,
+        target_model_type: str | None = None,
+        pad_token_id: int | None = None,
+        bos_token_id: int | None = None,
+        eos_token_id: int | list[int] | None = None,
+        tie_word_embeddings: bool = False,
+        **kwargs,
+    ):
+        # engines (vLLM, SGLang) read the pre-v5 rope keys; accept them and keep both spellings
+        rope_theta = kwargs.pop("rope_theta", None)
+        rope_scaling = kwargs.pop("rope_scaling", None)
+        if rope_parameters is None:
+            rope_parameters = dict(rope_scaling or {})
+            rope_parameters.setdefault("rope_type", rope_parameters.pop("type", "default"))
+            rope_parameters.setdefault("rope_theta", rope_theta if rope_theta is not None else 10000.0)
+        self.vocab_size = vocab_size
+        self.draft_vocab_size = draft_vocab_size if draft_vocab_size is not None else vocab_size
+        self.hidden_size = hidden_size
+        self.target_hidden_size = target_hidden_size if target_hidden_size is not None else hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.num_key_value_heads = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
+        self.head_dim = head_dim if head_dim is not None else hidden_size // num_attention_heads
+        self.hidden_act = hidden_act
+        self.max_position_embeddings = max_position_embeddings
+        self.rms_norm_eps = rms_norm_eps
+        self.rope_parameters = dict(rope_parameters)
+        self.rope_theta = self.rope_parameters.get("rope_theta", 10000.0)  # read by SGLang's LlamaConfig path
+        self.attention_bias = attention_bias
+        self.mlp_bias = mlp_bias
+        self.attention_dropout = attention_dropout
+        self.initializer_range = initializer_range
+        self.eagle_config = dict(eagle_config) if eagle_config else {}
+        self.eagle_config.setdefault("use_aux_hidden_state", True)
+        self.target_num_hidden_layers = target_num_hidden_layers
+        self.target_model_type = target_model_type
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+
+    @property
+    def aux_layer_ids(self) -> list[int] | None:
+        ids = self.eagle_config.get("eagle_aux_hidden_state_layer_ids")
+        return list(ids) if ids is not None else None
+
+    @aux_layer_ids.setter
+    def aux_layer_ids(self, ids: list[int]):
+        self.eagle_config["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in ids]
+
+    def to_dict(self):
+        out = super().to_dict()
+        # the pre-v5 spellings that vLLM and SGLang read from a draft's config.json
+        rope = dict(self.rope_parameters)
+        out["rope_theta"] = rope.pop("rope_theta", 10000.0)
+        out["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+        return out

@@ -1,0 +1,403 @@
+"""The EAGLE-3 draft model, in the style of transformers' ``modeling_llama.py``.
+
+This file is shipped next to the weights of every saved draft (``trust_remote_code``): it imports only
+torch, transformers and its sibling files.
+
+Data flow of one draft step (b = batch, s = new positions, H = draft hidden, Ht = target hidden):
+
+    target features  (b, s, 3*Ht) --fc-->  fused (b, s, H)          first step after the target
+    or the draft's own pre-norm output     (b, s, H)                later steps
+    token embedding of the *next* token    (b, s, H)
+    midlayer: attn(q/k/v over cat(input_layernorm(emb), hidden_norm(fused)) (b, s, 2H)) + fused,
+              then post_attention_layernorm -> MLP -> residual            -> hidden (b, s, H), pre-norm
+    lm_head(norm(hidden))                  (b, s, draft_vocab)          draft logits
+    target id of draft id i:  i + d2t[i]
+
+Position convention: the feature of target position t (which predicted token t+1) is paired with the
+embedding of token t+1 at position id t; the output predicts token t+2. Later draft steps use t+1, t+2, ...
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.models.llama.modeling_llama import (
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+    apply_rotary_pos_emb,
+    repeat_kv,
+)
+from transformers.utils import ModelOutput
+
+try:  # package import
+    from .configuration_eagle3 import Eagle3Config
+    from .eagle3_assistant import Eagle3AssistantMixin
+except ImportError:  # flat import (files copied next to the weights, transformers' remote code)
+    from configuration_eagle3 import Eagle3Config  # type: ignore
+    from eagle3_assistant import Eagle3AssistantMixin  # type: ignore
+
+
+@dataclass
+class Eagle3DraftOutput(ModelOutput):
+    """logits: (b, s, draft_vocab). hidden_states: (b, s, H) pre-norm output that feeds the next draft step."""
+
+    logits: torch.FloatTensor | None = None
+    hidden_states: torch.FloatTensor | None = None
+    cache: Cache | None = None
+
+
+class Eagle3Attention(nn.Module):
+    """Llama attention whose q/k/v read ``2 * hidden_size`` (embedding and fused feature side by side)."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.head_dim = config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.num_kv_groups = self.num_heads // self.num_kv_heads
+        self.scaling = self.head_dim**-0.5
+        in_dim = 2 * config.hidden_size
+        self.q_proj = nn.Linear(in_dim, self.num_heads * self.head_dim, bias=config.attention_bias)
+        self.k_proj = nn.Linear(in_dim, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
+        self.v_proj = nn.Linear(in_dim, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=config.attention_bias)
+
+    def forward(
+        self,
+        x: torch.Tensor,  # (b, s, 2H)
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,  # (b, 1, s, kv) additive, or None for causal
+        cache: Cache | None = None,
+        ttt_cache: list | None = None,
+        ttt_step: int = 0,
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim).transpose(1, 2)  # (b, h, s, d)
+        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)  # (b, hkv, s, d)
+        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = position_embeddings
+        q, k = apply_rotary_pos_emb(q, k, cos, sin)
+
+        if ttt_cache is not None:
+            out = self._ttt_attention(q, k, v, attention_mask, ttt_cache, ttt_step)
+        else:
+            if cache is not None:
+                k, v = cache.update(k, v, 0)
+            k, v = repeat_kv(k, self.num_kv_groups), repeat_kv(v, self.num_kv_groups)
+            if attention_mask is None and s > 1 and k.shape[2] == s:
+                out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
+            elif attention_mask is None and s > 1:
+                # new tokens follow a cached prefix: causal over the whole kv
+                past = k.shape[2] - s
+                mask = torch.ones(s, k.shape[2], dtype=torch.bool, device=q.device).tril(past)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
+            else:
+                if attention_mask is not None:
+                    attention_mask = attention_mask.to(q.dtype)
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask, scale=self.scaling)
+        out = out.transpose(1, 2).reshape(b, s, -1)
+        return self.o_proj(out)
+
+    def _ttt_attention(self, q, k, v, causal_mask, ttt_cache: list, ttt_step: int) -> torch.Tensor:
+        """Training-time-test attention (EAGLE-3): step 0 is causal over the sequence; step j > 0 adds only
+        the keys of steps 1..j at the *same* position (the diagonal). ``ttt_cache`` holds (k, v) per step;
+        ``ttt_step`` is this step's index (a recomputation under gradient checkpointing does not append)."""
+        if len(ttt_cache) == ttt_step:
+            ttt_cache.append((k, v))
+        entries = ttt_cache[:ttt_step] + [(k, v)]
+        k0, v0 = entries[0]
+        k0, v0 = repeat_kv(k0, self.num_kv_groups), repeat_kv(v0, self.num_kv_groups)
+        scores = torch.matmul(q, k0.transpose(2, 3)) * self.scaling  # (b, h, s, s)
+        if causal_mask is not None:
+            scores = scores + causal_mask
+        if len(entries) == 1:
+            probs = scores.float().softmax(-1).to(q.dtype)
+            return torch.matmul(probs, v0)
+        diag_k = [repeat_kv(kj, self.num_kv_groups) for kj, _ in entries[1:]]
+        diag_v = [repeat_kv(vj, self.num_kv_groups) for _, vj in entries[1:]]
+        diag = torch.stack([(q * kj).sum(-1) for kj in diag_k], dim=-1) * self.scaling  # (b, h, s, j)
+        probs = torch.cat([scores, diag], dim=-1).float().softmax(-1).to(q.dtype)
+        s = scores.shape[-1]
+        out = torch.matmul(probs[..., :s], v0)
+        for j, vj in enumerate(diag_v):
+            out = out + probs[..., s + j, None] * vj
+        return out
+
+
+class Eagle3DecoderLayer(nn.Module):
+    def __init__(self, config: Eagle3Config):
+        super().__init__()
+        self.self_attn = Eagle3Attention(config)
+        self.mlp = LlamaMLP(config)
+        self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_embeds: torch.Tensor,  # (b, s, H)
+        hidden_states: torch.Tensor,  # (b, s, H) fused feature or previous draft output
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None = None,
+        cache: Cache | None = None,
+        ttt_cache: list | None = None,
+        ttt_step: int = 0,
+    ) -> torch.Tensor:
+        residual = hidden_states
+        x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(hidden_states)], dim=-1)  # (b, s, 2H)
+        hidden_states = residual + self.self_attn(x, position_embeddings, attention_mask, cache, ttt_cache, ttt_step)
+        residual = hidden_states
+        hidden_states = residual + self.mlp(self.post_attention_layernorm(hidden_states))
+        return hidden_states
+
+
+class Eagle3PreTrainedModel(PreTrainedModel):
+    config_class = Eagle3Config
+    config: Eagle3Config
+    base_model_prefix = ""
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["Eagle3DecoderLayer"]
+    _supports_sdpa = True
+    # the embedding is the target's: drafts are usually published without it
+    _keys_to_ignore_on_load_missing = [r"embed_tokens\.weight"]
+
+    def _init_weights(self, module):
+        super()._init_weights(module)  # Linear, Embedding, RMSNorm, rotary buffers (respects loaded weights)
+        if isinstance(module, Eagle3DraftModel):
+            # identity vocabulary map until `set_vocab_mapping` (training) or a checkpoint sets it
+            init.zeros_(module.d2t)
+            init.copy_(module.t2d, torch.arange(module.t2d.numel(), device=module.t2d.device) < module.d2t.numel())
+
+
+class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMixin):
+    """EAGLE-3 draft. ``forward`` runs one draft step over ``s`` positions; ``bind(target)`` attaches it to a
+    target (embedding, feature hooks) so that ``target.generate(..., assistant_model=draft)`` works."""
+
+    def __init__(self, config: Eagle3Config):
+        super().__init__(config)
+        H = config.hidden_size
+        self.embed_tokens = nn.Embedding(config.vocab_size, H, padding_idx=None)
+        self.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
+        self.fc = nn.Linear(3 * config.target_hidden_size, H, bias=False)
+        self.midlayer = Eagle3DecoderLayer(config)
+        self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
+        self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
+        self.rotary_emb = LlamaRotaryEmbedding(config)
+        self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(config.vocab_size, dtype=torch.bool))
+        self.gradient_checkpointing = False
+        self._target_ref = None
+        self._embedding_from_target = False
+        self.post_init()
+
+    # ------------------------------------------------------------------ vocabulary maps
+    def draft_to_target_ids(self, draft_ids: torch.Tensor) -> torch.Tensor:
+        return draft_ids + self.d2t[draft_ids]
+
+    def set_vocab_mapping(self, target_ids: torch.Tensor):
+        """``target_ids``: (draft_vocab,) target token ids of the draft vocabulary, in draft order."""
+        target_ids = torch.as_tensor(target_ids, dtype=torch.long, device=self.d2t.device)
+        if target_ids.numel() != self.config.draft_vocab_size:
+            raise ValueError(
+                f"set_vocab_mapping got {target_ids.numel()} ids for a draft vocabulary of {self.config.draft_vocab_size}"
+            )
+        with torch.no_grad():
+            self.d2t.copy_(target_ids - torch.arange(target_ids.numel(), device=target_ids.device))
+            self.t2d.zero_()
+            self.t2d[target_ids] = True
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    @property
+    def target(self):
+        return self._target_ref() if self._target_ref is not None else None
+
+    def fuse(self, target_hidden_states: torch.Tensor) -> torch.Tensor:
+        """(b, s, 3*Ht) concatenated aux-layer features -> (b, s, H)."""
+        return self.fc(target_hidden_states.to(self.fc.weight.dtype))
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,  # (b, s): the token *after* each feature's position
+        hidden_states: torch.Tensor | None = None,  # (b, s, H): fused feature or previous draft output
+        target_hidden_states: torch.Tensor | None = None,  # (b, s, 3*Ht): raw aux features, fused by fc
+        position_ids: torch.LongTensor | None = None,  # (b, s)
+        attention_mask: torch.Tensor | None = None,  # None (causal) or (b, 1, s, kv) additive float
+        cache: Cache | None = None,
+        use_cache: bool | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        ttt_cache: list | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> Eagle3DraftOutput:
+        cache = kwargs.pop("past_key_values", cache)
+        if (hidden_states is None) == (target_hidden_states is None):
+            raise ValueError("Eagle3DraftModel.forward needs exactly one of `hidden_states` or `target_hidden_states`")
+        if target_hidden_states is not None:
+            if target_hidden_states.shape[-1] != 3 * self.config.target_hidden_size:
+                raise ValueError(
+                    f"target_hidden_states has width {target_hidden_states.shape[-1]}, the draft's fc expects "
+                    f"3 * target_hidden_size = {3 * self.config.target_hidden_size}: was the draft made for this target?"
+                )
+            hidden_states = self.fuse(target_hidden_states)
+        if inputs_embeds is None:
+            if not self._embedding_from_target and self._embedding_missing:
+                raise RuntimeError(
+                    "This draft was saved without `embed_tokens.weight` (it uses its target's embedding). "
+                    "Call `draft.bind(target)` or load it with `from_pretrained(path, target=target)` first."
+                )
+            inputs_embeds = self.embed_tokens(input_ids)
+        inputs_embeds = inputs_embeds.to(hidden_states.dtype)
+        b, s, _ = hidden_states.shape
+        if use_cache and cache is None and ttt_cache is None:
+            cache = DynamicCache()
+        if position_ids is None:
+            past = cache.get_seq_length() if cache is not None else 0
+            position_ids = torch.arange(past, past + s, device=hidden_states.device).unsqueeze(0).expand(b, -1)
+        position_embeddings = self.rotary_emb(hidden_states, position_ids)
+        ttt_step = len(ttt_cache) if ttt_cache is not None else 0
+        if self.gradient_checkpointing and self.training:
+            hidden_states = self._gradient_checkpointing_func(
+                self.midlayer.__call__, inputs_embeds, hidden_states, position_embeddings, attention_mask, None, ttt_cache,
+                ttt_step,
+            )
+        else:
+            hidden_states = self.midlayer(
+                inputs_embeds, hidden_states, position_embeddings, attention_mask, cache, ttt_cache, ttt_step
+            )
+        kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+        logits = self.lm_head(self.norm(kept))
+        return Eagle3DraftOutput(logits=logits, hidden_states=hidden_states, cache=cache)
+
+    # ------------------------------------------------------------------ loading
+    _embedding_missing = False
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, target=None, **kwargs):
+        """Loads a draft in our layout or, when ``eagle3_hub`` is installed, in the EAGLE / SpecForge /
+        speculators layouts. ``target=`` binds it (embedding from the target, feature hooks)."""
+        kwargs.setdefault("use_safetensors", True)  # never unpickle weights
+        model = None
+        try:
+            from eagle3_hub.formats import load_foreign_draft  # only present with the package installed
+        except ImportError:
+            load_foreign_draft = None
+        if load_foreign_draft is not None:
+            model = load_foreign_draft(cls, pretrained_model_name_or_path, *args, target=target, **kwargs)
+        if model is None:
+            output_loading_info = kwargs.pop("output_loading_info", False)
+            model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
+            model._check_loading_info(info)
+            if output_loading_info:
+                return model, info
+        if target is not None:
+            model.bind(target)
+        return model
+
+    def _check_loading_info(self, info: dict):
+        missing = [k for k in info.get("missing_keys", []) if k != "embed_tokens.weight"]
+        mismatched = info.get("mismatched_keys", [])
+        if missing or mismatched:
+            raise ValueError(
+                f"This checkpoint is not a complete EAGLE-3 draft: missing tensors {sorted(missing)}, "
+                f"misshaped tensors {[m[0] if isinstance(m, tuple) else m for m in mismatched]}. "
+                "Check that it is an EAGLE-3 draft and that its config.json matches its weights."
+            )
+        # `embed_tokens.weight` is in `_keys_to_ignore_on_load_missing`, so transformers leaves it out of
+        # `missing_keys`; a loaded tensor carries `_is_hf_initialized`, a newly initialised one does not
+        self._embedding_missing = "embed_tokens.weight" in info.get("missing_keys", []) or not getattr(
+            self.embed_tokens.weight, "_is_hf_initialized", False
+        )
+
+    def save_pretrained(self, save_directory, *args, save_embeddings: bool | None = None, **kwargs):
+        """Writes config, weights (safetensors) and the code files for ``trust_remote_code``.
+
+        ``save_embeddings``: store ``embed_tokens.weight``. Default: only when the draft owns its embedding
+        (not shared from a bound target), as the official EAGLE-3 releases do.
+        """
+        if save_embeddings is None:
+            save_embeddings = not (self._embedding_from_target or self._embedding_missing)
+        state_dict = kwargs.pop("state_dict", None)
+        if state_dict is None:
+            state_dict = {k: v for k, v in self.state_dict().items() if save_embeddings or k != "embed_tokens.weight"}
+        self.config.architectures = ["Eagle3DraftModel"]
+        try:  # both in the try: remote-code loading must not list eagle3_hub as a required import
+            from eagle3_hub.formats import finish_save, prepare_save
+        except ImportError:
+            prepare_save = finish_save = None
+        if prepare_save is not None:
+            prepare_save(self)
+        out = super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
+        if finish_save is not None:
+            finish_save(self, save_directory)
+        return out
+
+    # ------------------------------------------------------------------ sizing from a target
+    @classmethod
+    def from_target(
+        cls,
+        target,
+        aux_layer_ids: list[int] | None = None,
+        draft_vocab_size: int | None = None,
+        intermediate_size: int | None = None,
+        **config_overrides,
+    ) -> "Eagle3DraftModel":
+        """An untrained draft sized to ``target`` (any causal LM): its text config, its embedding."""
+        try:
+            from eagle3_hub.targets import draft_config_from_target
+        except ImportError as e:  # pragma: no cover - remote-code users size drafts with the package
+            raise ImportError("from_target needs the eagle3_hub package: pip install eagle3-hub") from e
+        config = draft_config_from_target(
+            target, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
+            intermediate_size=intermediate_size, **config_overrides,
+        )
+        emb = target.get_input_embeddings().weight
+        model = cls(config).to(device=emb.device, dtype=emb.dtype)
+        with torch.no_grad():
+            model.embed_tokens.weight.copy_(emb[: config.vocab_size])
+        return model
+
+    def bind(self, target):
+        """Attach to ``target``: share its embedding when the draft has none, check that the two fit, and
+        register the feature hooks used by assisted generation."""
+        from_target = False
+        try:
+            from eagle3_hub.targets import check_draft_fits_target
+        except ImportError:
+            check_draft_fits_target = _check_fits_minimal
+        check_draft_fits_target(self, target)
+        if self._embedding_missing or self._embedding_from_target:
+            emb = target.get_input_embeddings().weight
+            self.embed_tokens.weight = nn.Parameter(emb.detach()[: self.config.vocab_size], requires_grad=False)
+            from_target = True
+        self._embedding_from_target = from_target or self._embedding_from_target
+        self._target_ref = weakref.ref(target)
+        self._register_feature_hooks(target)
+        return self
+
+
+def _check_fits_minimal(draft, target):
+    cfg = target.config.get_text_config()
+    if cfg.hidden_size != draft.config.target_hidden_size or cfg.vocab_size < draft.config.vocab_size:
+        raise ValueError(
+            f"Draft (target_hidden_size={draft.config.target_hidden_size}, vocab_size={draft.config.vocab_size}) "
+            f"does not fit this target (hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size})."
+        )
+
+
+__all__ = ["Eagle3DraftModel", "Eagle3PreTrainedModel", "Eagle3DraftOutput"]

@@ -1,0 +1,653 @@
+"""EAGLE tree decoding: lossless greedy and sampling, batches, EOS / stop strings / streaming, the transformers
+custom_generate entry points, errors. Tiny random targets in float32 (token equality needs float32)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from tiny_models import ARCHITECTURES, make_tiny_target
+from transformers import (
+    LogitsProcessorList,
+    TemperatureLogitsWarper,
+    TextIteratorStreamer,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+from transformers.generation.streamers import BaseStreamer
+
+from eagle3_hub import Eagle3DraftModel
+from eagle3_hub.generation import tree_decoding
+from eagle3_hub.generation.tree_decoding import (
+    TREE_DEFAULTS,
+    TreeDecodingOutput,
+    generate,
+    tree_defaults,
+    tree_generate,
+    write_custom_generate,
+)
+
+TREE = {"depth": 5, "tree_top_k": 4, "total_tokens": 16}
+
+
+def copy_draft(target, **kwargs) -> Eagle3DraftModel:
+    """A draft that proposes the target's own last prediction again (and again, down the tree): ``fc`` passes
+    the last aux feature (the target's final normalised hidden state), the decoder layer adds nothing, and
+    ``lm_head`` is the target's. On the repetitive text of random targets it is accepted often (several
+    tokens per step) and rejected elsewhere: both paths of the algorithm run."""
+    draft = Eagle3DraftModel.from_target(target, **kwargs)
+    H = target.config.hidden_size
+    with torch.no_grad():
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, 2 * H :] = torch.eye(H)
+        draft.midlayer.self_attn.o_proj.weight.zero_()
+        draft.midlayer.mlp.down_proj.weight.zero_()
+        draft.lm_head.weight.copy_(target.get_output_embeddings().weight)
+    return draft.eval()
+
+
+def random_draft(target, seed=0, **kwargs) -> Eagle3DraftModel:
+    torch.manual_seed(seed)
+    return Eagle3DraftModel.from_target(target, **kwargs).eval()
+
+
+def prompt(n=12, seed=0, vocab=256):
+    return torch.randint(3, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
+
+
+def plain_greedy(target, ids, max_new_tokens, eos=None, **kwargs):
+    return target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=max_new_tokens,
+        do_sample=False,
+        eos_token_id=eos,
+        pad_token_id=0,
+        **kwargs,
+    )
+
+
+# ------------------------------------------------------------------------------------------- greedy
+@pytest.mark.parametrize("arch", ARCHITECTURES)
+def test_greedy_equals_plain_generate(arch):
+    target = make_tiny_target(arch)
+    draft = copy_draft(target)
+    ids = prompt(seed=1)
+    ref = plain_greedy(target, ids, 96)
+    out = generate(target, draft, ids, max_new_tokens=96, eos_token_id=[], **TREE)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.new_tokens == 96
+    assert out.stats.target_forwards < 96  # several tokens per forward
+
+
+@pytest.mark.parametrize(
+    "tree", [(1, 1, 1), (5, 1, 5), (5, 3, 2), (2, 6, 42), (3, 2, 6)], ids=lambda t: "depth{}-k{}-n{}".format(*t)
+)
+def test_greedy_tree_shapes(tree):
+    """Chains, a single node, a tree smaller than its depth, the whole candidate pool."""
+    target = make_tiny_target("phi3")
+    draft = copy_draft(target)
+    ids = prompt(n=1, seed=4)  # a one-token prompt
+    ref = plain_greedy(target, ids, 60)
+    depth, k, n = tree
+    out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=depth, tree_top_k=k, total_tokens=n)
+    assert torch.equal(out.sequences, ref)
+
+
+def test_max_new_tokens_zero_and_one():
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    ids = prompt(seed=5)
+    assert torch.equal(generate(target, draft, ids, max_new_tokens=0).sequences, ids)
+    out = generate(target, draft, ids, max_new_tokens=1, eos_token_id=[])
+    assert torch.equal(out.sequences, plain_greedy(target, ids, 1))
+    assert out.stats.target_forwards == 1 and out.stats.draft_forwards == 0
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])  # gemma3: sliding window of 64 < 512 tokens
+def test_greedy_long_generation(arch, monkeypatch):
+    if arch == "gemma3_text":  # the logits of every tree slot (as on GPUs), not only of those with children
+        monkeypatch.setattr(tree_decoding, "LOGITS_SUBSET_DEVICES", ())
+    target = make_tiny_target(arch)
+    ids = prompt(seed=2)
+    ref = plain_greedy(target, ids, 520)
+    out = generate(target, copy_draft(target), ids, max_new_tokens=520, eos_token_id=[], **TREE)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_acceptance_length > 1.3
+    # an untrained draft: nearly every step rejects the whole tree
+    out = generate(
+        target, random_draft(target), ids, max_new_tokens=520, eos_token_id=[], depth=3, tree_top_k=3, total_tokens=8
+    )
+    assert torch.equal(out.sequences, ref)
+
+
+def test_greedy_eos_inside_an_accepted_block():
+    target = make_tiny_target("gemma2")
+    draft = copy_draft(target)
+    ids = prompt(seed=1)
+    blocks = []
+    generate(
+        target, draft, ids, max_new_tokens=80, eos_token_id=[], on_step=lambda t, d: blocks.append((t[0], d[0])), **TREE
+    )
+    # a token in the middle of a block of accepted draft tokens that did not occur before: make it the EOS
+    seen, eos, pos = set(), None, 0
+    for tokens, from_draft in blocks:
+        for j, tok in enumerate(tokens):
+            if eos is None and j < from_draft and j < len(tokens) - 1 and tok not in seen:
+                eos, eos_pos = tok, pos + j
+            seen.add(tok)
+        pos += len(tokens)
+    assert eos is not None, "the copy draft should have accepted blocks"
+    ref = plain_greedy(target, ids, 80, eos=eos)
+    out = generate(target, draft, ids, max_new_tokens=80, eos_token_id=eos, **TREE)
+    assert torch.equal(out.sequences, ref)
+    assert out.sequences.shape[1] == ids.shape[1] + eos_pos + 1 and out.sequences[0, -1] == eos
+
+
+def test_reduced_draft_vocabulary_maps_draft_ids_to_target_ids():
+    """A copy draft over 64 target tokens in shuffled order (``d2t``): proposals must land on the right target
+    ids, or nothing would be accepted."""
+    target = make_tiny_target("llama")
+    ids = prompt(seed=2)
+    ref = plain_greedy(target, ids, 200)
+    used = torch.unique(ref[0, ids.shape[1] :])
+    others = torch.tensor([i for i in range(256) if i not in set(used.tolist())])
+    vocab = torch.cat([used, others[: 64 - len(used)]])[torch.randperm(64, generator=torch.Generator().manual_seed(0))]
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    H = target.config.hidden_size
+    with torch.no_grad():
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, 2 * H :] = torch.eye(H)
+        draft.midlayer.self_attn.o_proj.weight.zero_()
+        draft.midlayer.mlp.down_proj.weight.zero_()
+        draft.set_vocab_mapping(vocab)
+        draft.lm_head.weight.copy_(target.get_output_embeddings().weight[vocab])
+    out = generate(target, draft.eval(), ids, max_new_tokens=200, eos_token_id=[], **TREE)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_acceptance_length > 1.5
+
+
+def test_bfloat16_runs():
+    """bf16: a verification and a one-token forward round differently, so equality with plain greedy is not
+    guaranteed; check that it runs and agrees on most tokens."""
+    target = make_tiny_target("qwen2", dtype=torch.bfloat16)
+    draft = copy_draft(target).to(torch.bfloat16)
+    ids = prompt(seed=3)
+    ref = plain_greedy(target, ids, 40)
+    out = generate(target, draft, ids, max_new_tokens=40, eos_token_id=[], **TREE)
+    assert out.sequences.shape == ref.shape
+    assert (out.sequences == ref).float().mean() > 0.5
+
+
+def test_batch_left_padding_rows_equal_their_batch_one_output():
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4), (9, 5))]
+    # EOS = a token that row 0 produces early: that row finishes first, the others run to max_new_tokens
+    alone0 = plain_greedy(target, prompts[0][None], 60)
+    eos = int(alone0[0, 5 + 12])
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros(3, L, dtype=torch.long)
+    mask = torch.zeros(3, L, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
+    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=60, eos_token_id=eos, **TREE)
+    lengths = []
+    for i, p in enumerate(prompts):
+        alone = plain_greedy(target, p[None], 60, eos=eos)[0, len(p) :]
+        row = out.sequences[i, L:]
+        assert torch.equal(row[: len(alone)], alone), f"row {i}"
+        assert (row[len(alone) :] == 0).all()  # right padding after the row stopped
+        lengths.append(len(alone))
+    assert len(set(lengths)) > 1  # rows finished at different steps
+    assert sum(lengths) == out.stats.new_tokens
+
+
+def test_repetition_penalty_through_custom_generate():
+    """A history-dependent logits processor (each tree node sees its own prefix)."""
+    target = make_tiny_target("qwen2")
+    draft = copy_draft(target)
+    ids = prompt(seed=6)
+    kwargs = {
+        "max_new_tokens": 48,
+        "do_sample": False,
+        "repetition_penalty": 1.3,
+        "eos_token_id": None,
+        "pad_token_id": 0,
+    }
+    ref = target.generate(ids, **kwargs)
+    out = target.generate(
+        ids, custom_generate=tree_generate, draft=draft, depth=4, tree_top_k=4, total_tokens=12, **kwargs
+    )
+    assert torch.equal(out, ref)
+    # sampling with it (the acceptance walk applies the processor per row and node): runs, stays in bounds
+    kwargs.update(do_sample=True, temperature=0.8, top_k=20)
+    out = target.generate(ids.expand(3, -1), custom_generate=tree_generate, draft=draft, **TREE, **kwargs)
+    assert out.shape == (3, ids.shape[1] + 48) and int(out.max()) < 256
+
+
+# ------------------------------------------------------------------------------------------- sampling
+def _exact_three_token_distribution(target, ids, processors):
+    """p(x1, x2, x3 | ids) of the processed target distribution, by enumerating all prefixes (vocab 16)."""
+    V = target.config.vocab_size
+
+    def dist(seqs):
+        logits = target(seqs).logits[:, -1].float()
+        return torch.softmax(processors(seqs, logits), dim=-1)
+
+    with torch.no_grad():
+        p1 = dist(ids)[0]  # (V,)
+        s2 = torch.cat([ids.expand(V, -1), torch.arange(V)[:, None]], dim=1)
+        p2 = dist(s2)  # (V, V)
+        s3 = torch.cat([s2.repeat_interleave(V, 0), torch.arange(V).repeat(V)[:, None]], dim=1)
+        p3 = dist(s3).view(V, V, V)
+    return p1[:, None, None] * p2[:, :, None] * p3
+
+
+@pytest.mark.parametrize(
+    "sampling", [{}, {"temperature": 0.7, "top_k": 6, "top_p": 0.9}], ids=["plain", "temperature-topk-topp"]
+)
+def test_sampling_keeps_the_target_distribution(sampling, monkeypatch):
+    """8000 rows sample 5 tokens each; the first 3 (the first from the prefill, the next two decided by the
+    first tree: accepted draft tokens or the residual) must follow the exact joint distribution."""
+    target = make_tiny_target("llama", vocab_size=16)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)  # a peakier random target: the draft's candidates get accepted often
+    draft = copy_draft(target)
+    ids = torch.tensor([[3, 7, 11, 5]])
+    if sampling:  # logits of every tree slot from the verification forward (the other test: per visited node)
+        monkeypatch.setattr(tree_decoding, "LOGITS_SUBSET_DEVICES", ())
+    processors = LogitsProcessorList()
+    if "temperature" in sampling:
+        processors += [TemperatureLogitsWarper(0.7), TopKLogitsWarper(6), TopPLogitsWarper(0.9)]
+    exact = _exact_three_token_distribution(target, ids, processors)  # (16, 16, 16)
+
+    n = 8000
+    accepted = []
+    out = generate(
+        target,
+        draft,
+        ids.expand(n, -1),
+        max_new_tokens=5,
+        do_sample=True,
+        eos_token_id=[],
+        generator=torch.Generator().manual_seed(0),
+        depth=3,
+        tree_top_k=4,
+        total_tokens=12,
+        on_step=lambda t, d: accepted.append(sum(d)),
+        **sampling,
+    )
+    assert accepted[1] > 0.3 * n  # the first tree accepted draft tokens in many rows (not just residual draws)
+    x = out.sequences[:, ids.shape[1] : ids.shape[1] + 3]
+    for k in (2, 3):  # the joint of the first two tokens (more power per cell), then of all three
+        cells = x[:, 0] * 16 + x[:, 1] if k == 2 else (x[:, 0] * 16 + x[:, 1]) * 16 + x[:, 2]
+        counts = torch.bincount(cells, minlength=16**k).double()
+        expected = (exact.sum(-1) if k == 2 else exact).flatten().double() * n
+        assert counts[expected == 0].sum() == 0  # nothing outside the processed support (top-k / top-p)
+        big = expected >= 5  # chi-square on well-populated cells, the rest pooled
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([expected[big], expected[~big].sum()[None]])
+        obs, exp = obs[exp > 0], exp[exp > 0]
+        p_value = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+        assert p_value > 1e-3, (k, p_value)
+
+
+# ------------------------------------------------------------------------------------------- transformers entry points
+def test_custom_generate_callable():
+    target = make_tiny_target("qwen3")
+    draft = copy_draft(target)
+    ids = prompt(seed=7)
+    ref = plain_greedy(target, ids, 40)
+    out = target.generate(
+        ids,
+        custom_generate=tree_generate,
+        draft=draft,
+        max_new_tokens=40,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        **TREE,
+    )
+    assert torch.equal(out, ref)
+    out = target.generate(
+        ids,
+        custom_generate=tree_generate,
+        draft=draft,
+        max_new_tokens=40,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        return_dict_in_generate=True,
+    )
+    assert isinstance(out, TreeDecodingOutput) and torch.equal(out.sequences, ref)
+
+
+def test_custom_generate_from_a_saved_draft_folder(tmp_path):
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    folder = tmp_path / "draft-repo"
+    draft.save_pretrained(folder)
+    write_custom_generate(folder)
+    assert (folder / "custom_generate" / "generate.py").read_text() == Path(tree_decoding.__file__).read_text()
+    ids = prompt(seed=8)
+    ref = plain_greedy(target, ids, 40)
+    out = target.generate(
+        ids,
+        custom_generate=str(folder),
+        trust_remote_code=True,
+        max_new_tokens=40,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    assert torch.equal(out, ref)
+    # an explicit draft overrides the one in the repo: the random draft gives the same tokens, fewer accepted
+    seen = []
+    out = target.generate(
+        ids,
+        custom_generate=str(folder),
+        trust_remote_code=True,
+        max_new_tokens=40,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        draft=random_draft(target),
+        on_step=lambda t, d: seen.append(d[0]),
+    )
+    assert torch.equal(out, ref) and sum(seen) < 10
+    streamer = CountingStreamer()  # transformers would drop a streamer for a callable; the repo form keeps it
+    out = target.generate(
+        ids,
+        custom_generate=str(folder),
+        trust_remote_code=True,
+        max_new_tokens=40,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+        streamer=streamer,
+    )
+    assert torch.equal(out, ref) and streamer.ends == 1
+    assert list(itertools.chain(*streamer.puts[1:])) == ref[0, ids.shape[1] :].tolist()
+
+
+_WITHOUT_PACKAGE = """
+import importlib.abc, json, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "eagle3_hub" or name.startswith("eagle3_hub."):
+            raise ImportError("eagle3_hub is not installed here")
+sys.meta_path.insert(0, Block())
+import torch
+from transformers import AutoModelForCausalLM
+target = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
+ids = torch.tensor(json.loads(sys.argv[3]))
+out = target.generate(ids, custom_generate=sys.argv[2], trust_remote_code=True, max_new_tokens=30, do_sample=False,
+                      eos_token_id=None, pad_token_id=0)
+print(json.dumps(out.tolist()))
+"""
+
+
+def test_custom_generate_runs_without_the_package(tmp_path):
+    """A draft folder (weights, modeling code, custom_generate/generate.py) is all transformers needs."""
+    target = make_tiny_target("llama")
+    target.save_pretrained(tmp_path / "target")
+    copy_draft(target).save_pretrained(tmp_path / "draft")
+    write_custom_generate(tmp_path / "draft")
+    ids = prompt(seed=13)
+    ref = plain_greedy(target, ids, 30)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            _WITHOUT_PACKAGE,
+            str(tmp_path / "target"),
+            str(tmp_path / "draft"),
+            json.dumps(ids.tolist()),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        check=False,
+    )
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert json.loads(res.stdout.strip().splitlines()[-1]) == ref.tolist()
+
+
+# ------------------------------------------------------------------------------------------- streaming, stop strings
+@pytest.fixture(scope="module")
+def smollm2():
+    from eagle3_hub.targets import load_target
+
+    return load_target(dtype=torch.float32)
+
+
+@pytest.fixture(scope="module")
+def tokenizer(smollm2):
+    return smollm2[1]
+
+
+def _tiny_with_vocab(tokenizer, arch="llama"):
+    return make_tiny_target(
+        arch,
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+
+
+def test_text_iterator_streamer_ends_cleanly(tokenizer):
+    target = _tiny_with_vocab(tokenizer)
+    draft = copy_draft(target)
+    ids = tokenizer("The quick brown fox", return_tensors="pt")["input_ids"]
+    streamer = TextIteratorStreamer(tokenizer, skip_prompt=True, timeout=60)
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.update(
+            out=generate(target, draft, ids, max_new_tokens=40, eos_token_id=[], streamer=streamer, **TREE)
+        )
+    )
+    thread.start()
+    text = "".join(streamer)  # ends only when the streamer's end() was called
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    new = result["out"].sequences[0, ids.shape[1] :]
+    assert text == tokenizer.decode(new)
+    assert torch.equal(result["out"].sequences, plain_greedy(target, ids, 40))
+
+
+class CountingStreamer(BaseStreamer):
+    def __init__(self):
+        self.puts, self.ends = [], 0
+
+    def put(self, value):
+        self.puts.append(value.tolist())
+
+    def end(self):
+        self.ends += 1
+
+
+def test_streamer_gets_prompt_then_blocks_and_one_end_also_on_error():
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    ids = prompt(seed=9)
+    streamer = CountingStreamer()
+    out = generate(target, draft, ids, max_new_tokens=30, eos_token_id=[], streamer=streamer, **TREE)
+    assert streamer.ends == 1
+    assert streamer.puts[0] == ids[0].tolist()
+    assert list(itertools.chain(*streamer.puts[1:])) == out.sequences[0, ids.shape[1] :].tolist()
+    assert len(streamer.puts) - 1 < 30  # blocks of several tokens
+
+    def fail(tokens, from_draft):
+        raise RuntimeError("consumer went away")
+
+    streamer = CountingStreamer()
+    with pytest.raises(RuntimeError, match="consumer went away"):
+        generate(target, draft, ids, max_new_tokens=30, streamer=streamer, on_step=fail, **TREE)
+    assert streamer.ends == 1
+
+
+def test_stop_strings_match_plain_generate(tokenizer):
+    target = _tiny_with_vocab(tokenizer, "qwen2")
+    draft = copy_draft(target)
+    ids = tokenizer("Once upon a time", return_tensors="pt")["input_ids"]
+    free = plain_greedy(target, ids, 60)
+    text = tokenizer.decode(free[0, ids.shape[1] :])
+    stop = text[len(text) // 3 : len(text) // 3 + 3]  # a piece from the middle of the continuation
+    assert stop.strip()
+    ref = plain_greedy(target, ids, 60, stop_strings=[stop], tokenizer=tokenizer)
+    assert ref.shape[1] < free.shape[1]
+    out = generate(
+        target, draft, ids, max_new_tokens=60, eos_token_id=[], stop_strings=[stop], tokenizer=tokenizer, **TREE
+    )
+    assert torch.equal(out.sequences, ref)
+
+
+def test_on_step_and_stats_add_up():
+    target = make_tiny_target("mistral")
+    draft = copy_draft(target)
+    ids = prompt(seed=10)
+    steps = []
+    out = generate(
+        target, draft, ids, max_new_tokens=50, eos_token_id=[], on_step=lambda t, d: steps.append((t, d)), **TREE
+    )
+    st = out.stats
+    assert sum(len(t[0]) for t, _ in steps) == st.new_tokens == 50
+    assert steps[0][0][0] == out.sequences[0, ids.shape[1] : ids.shape[1] + 1].tolist()
+    assert all(0 <= d[0] <= len(t[0]) for t, d in steps) and sum(d[0] for _, d in steps) > 0
+    assert st.target_forwards == len(steps) == st.steps + 1
+    assert st.accepted_per_step == [len(t[0]) for t, _ in steps]
+    assert st.mean_acceptance_length == pytest.approx(50 / st.target_forwards)
+    assert st.draft_time_s > 0 and st.verify_time_s > 0 and st.total_time_s >= st.draft_time_s + st.verify_time_s
+    assert "tok/s" in str(st)
+
+
+def test_bound_draft_keeps_its_feature_hooks_without_capturing():
+    target = make_tiny_target("llama")
+    draft = copy_draft(target).bind(target)
+    ids = prompt(seed=11)
+    out = generate(target, draft, ids, max_new_tokens=20, eos_token_id=[], **TREE)
+    assert torch.equal(out.sequences, plain_greedy(target, ids, 20))
+    assert draft._hook_handles and len(draft._hook_handles) == 3
+
+
+# ------------------------------------------------------------------------------------------- errors
+def test_clear_errors():
+    target = make_tiny_target("llama", max_position_embeddings=32)
+    draft = copy_draft(target)
+    ids = prompt(seed=12)
+    other = make_tiny_target("llama", hidden_size=32, intermediate_size=64)
+    with pytest.raises(ValueError, match="does not fit the target"):
+        generate(target, copy_draft(other), ids, max_new_tokens=4)
+    with pytest.raises(ValueError, match="context is 32 positions"):
+        generate(target, draft, prompt(40, seed=1), max_new_tokens=4)
+    with pytest.raises(ValueError, match="depth must be a positive integer"):
+        generate(target, draft, ids, max_new_tokens=4, depth=0)
+    with pytest.raises(ValueError, match="total_tokens=100 is larger than the 12 candidates"):
+        generate(target, draft, ids, max_new_tokens=4, depth=2, tree_top_k=3, total_tokens=100)
+    with pytest.raises(ValueError, match="exceeds the draft vocabulary"):
+        generate(target, random_draft(target, draft_vocab_size=8), ids, max_new_tokens=4, tree_top_k=9)
+    with pytest.raises(ValueError, match="left padding"):
+        generate(target, draft, ids, attention_mask=torch.tensor([[1] * 11 + [0]]), max_new_tokens=4)
+    with pytest.raises(ValueError, match="needs an EAGLE-3 draft"):
+        target.generate(ids, custom_generate=tree_generate, max_new_tokens=4)
+    with pytest.raises(ValueError, match="stop_strings need the target's tokenizer"):
+        generate(target, draft, ids, max_new_tokens=4, stop_strings=["x"])
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        generate(target, draft, ids, max_new_tokens=4, do_sample=True, temperature=0.0)
+
+
+def test_tree_defaults_per_device():
+    assert set(TREE_DEFAULTS) >= {"cpu", "cuda"}
+    assert tree_defaults("cpu") == TREE_DEFAULTS["cpu"]
+    assert tree_defaults("cuda:0") == TREE_DEFAULTS["cuda"]
+    for shape in TREE_DEFAULTS.values():
+        assert shape["total_tokens"] <= shape["top_k"] + (shape["depth"] - 1) * shape["top_k"] ** 2
+
+
+# ------------------------------------------------------------------------------------------- the real target
+def test_smollm2_greedy_lossless(smollm2):
+    target, tokenizer = smollm2
+    draft = random_draft(target, draft_vocab_size=4096)
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name three colours."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    ids = chat["input_ids"]
+    ref = target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=64,
+        do_sample=False,
+        eos_token_id=[],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    out = generate(target, draft, ids, max_new_tokens=64, eos_token_id=[], depth=3, tree_top_k=4, total_tokens=8)
+    assert torch.equal(out.sequences, ref)
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_lossless_long(smollm2):
+    """520 tokens on the real target (~2.5 min on 2 CPU cores). The copy draft reads the last layer (the target's
+    own prediction), so some tree tokens get accepted on this real text too."""
+    target, tokenizer = smollm2
+    draft = copy_draft(target, aux_layer_ids=[1, 14, target.config.num_hidden_layers - 1])
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Write a long list of fruits, one per line, numbered."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    ids = chat["input_ids"]
+    ref = target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=520, do_sample=False, eos_token_id=[], pad_token_id=2
+    )
+    out = generate(target, draft, ids, max_new_tokens=520, eos_token_id=[], depth=4, tree_top_k=4, total_tokens=8)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_acceptance_length > 1.0
+
+
+def test_cli_generate(tmp_path, tokenizer, capsys):
+    import argparse
+
+    from eagle3_hub.generation import cli
+
+    target = _tiny_with_vocab(tokenizer)
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    copy_draft(target).save_pretrained(tmp_path / "draft")
+    parser = argparse.ArgumentParser()
+    cli.add_arguments(parser)
+    args = parser.parse_args(
+        [
+            "--prompt",
+            "Hello",
+            "--target",
+            str(tmp_path / "target"),
+            "--draft",
+            str(tmp_path / "draft"),
+            "--max-new-tokens",
+            "12",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+            "--stats",
+        ]
+    )
+    rc = cli.run(args)
+    assert rc == 0
+    captured = capsys.readouterr()
+    assert "tok/s" in captured.err and captured.out.strip()
