@@ -80,8 +80,8 @@ from transformers.utils import ModelOutput
 # nodes verified per target forward, root excluded).
 # CPU: a verification is compute-bound and its cost grows with every token (SmolLM2-135M fp32, 1 thread:
 # 1 token 71 ms, 5: 124, 9: 139, 17: 196, 33: 229, 65: 363), and one draft level costs ~10% of a one-token
-# target forward: small trees, picked by a sweep with an early checkpoint of the SmolLM2 reference draft
-# (README, "Tree decoding"). Re-tune: `eagle3-hub bench --sweep --depth 3,4,5 --total-tokens 4,8,16`.
+# target forward: small trees, from a sweep with the SmolLM2 reference draft (README, "Tree decoding").
+# Re-tune: `eagle3-hub bench --sweep --depth 3,4,5 --tree-top-k 2,4,8 --total-tokens 4,8,16`.
 # CUDA: verification is nearly flat up to ~64 tokens: the EAGLE-2/3 reference trees (not measured here).
 TREE_DEFAULTS: dict[str, dict[str, int]] = {
     "cpu": {"depth": 4, "top_k": 4, "total_tokens": 8},
