@@ -16,10 +16,11 @@ import json
 import sys
 from pathlib import Path
 
+from .formats import CODE_FILES  # the code files trust_remote_code needs
+
 # files of a training run that do not belong in a published draft
 IGNORE_PATTERNS = [".*", "__pycache__", "*.pyc", "checkpoint-*", "optimizer.pt", "scheduler.pt", "rng_state*.pth",
                    "trainer_state.json", "events.out.tfevents.*", "runs", "*.tmp"]
-CODE_FILES = ("configuration_eagle3.py", "modeling_eagle3.py", "eagle3_assistant.py")
 
 
 class HubPushError(RuntimeError):
