@@ -257,6 +257,7 @@ class Eagle3AssistantMixin:
         max_new_tokens: int | None = None,
         cache=None,
         attention_mask: torch.Tensor | None = None,
+        past_key_values=None,
         **kwargs,
     ) -> GenerateDecoderOnlyOutput:
         """One drafting round, called by transformers' ``AssistedCandidateGenerator``.
@@ -279,6 +280,8 @@ class Eagle3AssistantMixin:
             raise ValueError(f"Got a batch of {input_ids.shape[0]} sequences: {BATCH_HELP}")
         if max_new_tokens is None or max_new_tokens < 1:
             max_new_tokens = 1
+        if cache is None:  # earlier transformers 5.x releases name it past_key_values
+            cache = past_key_values
         cap = self._capture
         session = self._assist_session
         L = input_ids.shape[1]
@@ -319,7 +322,7 @@ class Eagle3AssistantMixin:
         session.cache_ref = weakref.ref(cache)
         session.last_length, session.last_drafted = L, 0
         self._capture.arm(end=L)  # the target's prefill covers 0..L (placeholder included)
-        return GenerateDecoderOnlyOutput(sequences=torch.cat([input_ids, token], dim=-1), scores=(scores,), cache=cache)
+        return _round_output(torch.cat([input_ids, token], dim=-1), (scores,), cache)
 
     def _draft_round(self, input_ids, generation_config, logits_processor, min_new_tokens, max_new_tokens, cache):
         session, cap = self._assist_session, self._capture
@@ -400,7 +403,14 @@ class Eagle3AssistantMixin:
         session.rounds.append({"input_length": L, "drafted": k, "accepted": None})
         session.last_length, session.last_drafted = L, k
         cap.arm(end=L + k - 1)  # the verification forward covers L-1..L+k-1
-        return GenerateDecoderOnlyOutput(sequences=sequences, scores=tuple(all_scores), cache=cache)
+        return _round_output(sequences, tuple(all_scores), cache)
+
+
+def _round_output(sequences, scores, cache) -> GenerateDecoderOnlyOutput:
+    """The output transformers' candidate generator reads; its cache field is ``cache`` in recent transformers
+    releases, ``past_key_values`` in earlier ones (5.17, for one)."""
+    name = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
+    return GenerateDecoderOnlyOutput(sequences=sequences, scores=scores, **{name: cache})
 
 
 def _eos_ids(generation_config, device) -> torch.Tensor | None:

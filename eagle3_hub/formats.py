@@ -496,8 +496,10 @@ def engine_keys(config: Eagle3Config) -> dict:
 
 
 def finish_save(model, save_directory):
-    """After ``save_pretrained``: engine keys and ``auto_map`` in config.json, and the code files next to the
-    weights so that ``AutoModel.from_pretrained(path, trust_remote_code=True)`` works without eagle3_hub."""
+    """After ``save_pretrained``: engine keys and ``auto_map`` in config.json, the code files next to the
+    weights so that ``AutoModel.from_pretrained(path, trust_remote_code=True)`` works without eagle3_hub, and
+    ``custom_generate/generate.py`` so that ``target.generate(ids, custom_generate=path, trust_remote_code=True)``
+    runs tree decoding without it."""
     folder = Path(save_directory)
     config_path = folder / "config.json"
     config = read_config_dict(folder)
@@ -507,6 +509,10 @@ def finish_save(model, save_directory):
     package = Path(__file__).parent
     for name in CODE_FILES:
         _atomic_copy(package / name, folder / name)
+    # tree decoding through transformers without the package: target.generate(custom_generate=<this repo>)
+    from .generation.tree_decoding import write_custom_generate
+
+    write_custom_generate(folder)
 
 
 # ---------------------------------------------------------------------------------------------- engine exports

@@ -558,7 +558,11 @@ def test_cuda(trained, dtype):
     ids = prompts[:1].cuda()
     for kwargs in (dict(), dict(cache_implementation="static")):  # static: the target's decode step is compiled
         ref = plain(target_c, ids, max_new_tokens=20, **kwargs)
-        out = assisted(target_c, draft_c, ids, max_new_tokens=20, **kwargs)
+        try:
+            out = assisted(target_c, draft_c, ids, max_new_tokens=20, **kwargs)
+        except ValueError as e:  # transformers releases before static-cache assisted generation refuse it
+            assert kwargs and "Static cache" in str(e)
+            continue
         if dtype == torch.float32:
             assert torch.equal(out, ref)
         assert draft_c.last_assisted_stats["accepted_tokens"] > 0

@@ -7,6 +7,7 @@ import argparse
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -148,6 +149,7 @@ def test_native_folder_holds_weights_code_and_engine_keys(native, draft):
     package = Path(formats.__file__).parent
     for name in formats.CODE_FILES:
         assert (native / name).read_text() == (package / name).read_text()
+    assert (native / "custom_generate" / "generate.py").read_text() == (package / "generation" / "tree_decoding.py").read_text()
     config = json.loads((native / "config.json").read_text())
     assert config["model_type"] == "eagle3_draft"
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
@@ -388,9 +390,7 @@ def test_hub_repo_id_resolves_through_the_hub_cache(tmp_path, deep_target, deep_
 # ------------------------------------------------------------------------------ bad input
 def _copy_native(native, tmp_path) -> Path:
     dst = tmp_path / "draft"
-    dst.mkdir()
-    for p in native.iterdir():
-        (dst / p.name).write_bytes(p.read_bytes())
+    shutil.copytree(native, dst)
     return dst
 
 

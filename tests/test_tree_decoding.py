@@ -335,9 +335,9 @@ def test_custom_generate_from_a_saved_draft_folder(tmp_path):
     target = make_tiny_target("llama")
     draft = copy_draft(target)
     folder = tmp_path / "draft-repo"
-    draft.save_pretrained(folder)
-    write_custom_generate(folder)
+    draft.save_pretrained(folder)  # writes custom_generate/generate.py
     assert (folder / "custom_generate" / "generate.py").read_text() == Path(tree_decoding.__file__).read_text()
+    assert write_custom_generate(folder).read_text() == Path(tree_decoding.__file__).read_text()  # idempotent
     ids = prompt(seed=8)
     ref = plain_greedy(target, ids, 40)
     out = target.generate(
@@ -400,8 +400,7 @@ def test_custom_generate_runs_without_the_package(tmp_path):
     """A draft folder (weights, modeling code, custom_generate/generate.py) is all transformers needs."""
     target = make_tiny_target("llama")
     target.save_pretrained(tmp_path / "target")
-    copy_draft(target).save_pretrained(tmp_path / "draft")
-    write_custom_generate(tmp_path / "draft")
+    copy_draft(target).save_pretrained(tmp_path / "draft")  # with custom_generate/generate.py
     ids = prompt(seed=13)
     ref = plain_greedy(target, ids, 30)
     res = subprocess.run(
@@ -573,6 +572,36 @@ def test_tree_defaults_per_device():
     assert tree_defaults("cuda:0") == TREE_DEFAULTS["cuda"]
     for shape in TREE_DEFAULTS.values():
         assert shape["total_tokens"] <= shape["top_k"] + (shape["depth"] - 1) * shape["top_k"] ** 2
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_cuda_greedy_batch_and_sampling(arch):
+    """On CUDA: float32 greedy equals plain greedy (batch 1 and a left-padded batch, row by row); bfloat16
+    runs and mostly agrees; sampling runs with CUDA generators."""
+    target = make_tiny_target(arch).to("cuda")
+    draft = copy_draft(target).to("cuda")
+    ids = prompt(seed=1).cuda()
+    ref = plain_greedy(target, ids, 80)
+    out = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], **TREE)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.target_forwards < 80 and out.stats.verify_time_s > 0  # timed with CUDA events
+    prompts = [prompt(n, seed=s)[0].cuda() for n, s in ((5, 3), (12, 4))]
+    batch = torch.zeros(2, 12, dtype=torch.long, device="cuda")
+    mask = torch.zeros_like(batch)
+    for i, p in enumerate(prompts):
+        batch[i, 12 - len(p) :], mask[i, 12 - len(p) :] = p, 1
+    out = generate(target, draft, batch, attention_mask=mask, max_new_tokens=40, eos_token_id=[], **TREE)
+    for i, p in enumerate(prompts):
+        assert torch.equal(out.sequences[i, 12:], plain_greedy(target, p[None], 40)[0, len(p) :]), f"row {i}"
+    target16, draft16 = target.to(torch.bfloat16), draft.to(torch.bfloat16)
+    ref = plain_greedy(target16, ids, 40)
+    out = generate(target16, draft16, ids, max_new_tokens=40, eos_token_id=[], **TREE)
+    assert (out.sequences == ref).float().mean() > 0.5
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out = generate(target16, draft16, ids, max_new_tokens=40, eos_token_id=[], do_sample=True, temperature=0.8,
+                   top_p=0.9, generator=gen, **TREE)
+    assert out.sequences.shape == (1, ids.shape[1] + 40)
 
 
 # ------------------------------------------------------------------------------------------- the real target

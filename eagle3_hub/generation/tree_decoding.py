@@ -56,6 +56,7 @@ as the target's (processed) next-token distribution given everything before it.
 from __future__ import annotations
 
 import inspect
+import os
 import time
 import warnings
 import weakref
@@ -1271,7 +1272,9 @@ def write_custom_generate(folder: str | Path) -> Path:
     ``modeling_eagle3.py`` and an ``auto_map`` for ``trust_remote_code``)."""
     out = Path(folder) / "custom_generate" / "generate.py"
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(Path(__file__).read_text(encoding="utf-8"), encoding="utf-8")
+    tmp = out.with_name(f".generate.py.{os.getpid()}.tmp")  # atomic: a reader never sees half a file
+    tmp.write_text(Path(__file__).read_text(encoding="utf-8"), encoding="utf-8")
+    os.replace(tmp, out)
     return out
 
 
