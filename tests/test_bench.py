@@ -231,6 +231,14 @@ def test_run_benchmark_interleaves_methods_and_reports_figures(tiny, tmp_path):
     assert res["machine"]["torch"] == torch.__version__ and res["machine"]["cpu_cores"]
 
 
+def test_max_turns_keeps_first_turns_only(tiny, tmp_path):
+    target, tok = tiny
+    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=2), methods=["plain"], max_new_tokens=8,
+                        progress=False, max_turns=1, warmup=0)
+    assert {r["turn"] for r in res["records"]} == {1} and len(res["records"]) == 2
+    assert res["settings"]["max_turns"] == 1
+
+
 def test_draft_methods_and_the_tree_sweep(tiny, tmp_path):
     """Our draft through `assistant_model=` and tree decoding (an untrained draft: lossless all the same), and a
     sweep over two tree shapes that ranks them."""

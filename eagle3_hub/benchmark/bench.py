@@ -570,6 +570,7 @@ def run_benchmark(
     seed: int = 0,
     progress: bool = True,
     keep_outputs: bool = False,
+    max_turns: int | None = None,
 ) -> dict:
     """Run every method on every question of every suite (interleaved) and return the results dict that
     ``report.write_report`` renders. ``target``/``draft`` must already sit on their device and dtype."""
@@ -602,7 +603,7 @@ def run_benchmark(
                     order = method_objs[qi % len(method_objs):] + method_objs[: qi % len(method_objs)]
                     for method in order:
                         answers: list[str] = []
-                        for ti in range(len(q.turns)):
+                        for ti in range(min(len(q.turns), max_turns or len(q.turns))):  # max_turns=1: first turns
                             ids = build_prompt(tokenizer, q.turns[: ti + 1], answers).to(device)
                             if not mode.greedy:
                                 torch.manual_seed(seed + 1000 * qi + ti)
@@ -626,6 +627,7 @@ def run_benchmark(
             "methods": [m.name for m in method_objs],
             "modes": [m.__dict__ | {"name": m.name} for m in modes],
             "max_new_tokens": max_new_tokens,
+            "max_turns": max_turns,
             "lookup_tokens": lookup_tokens if "lookup" in methods else None,
             "tree": [m.tree_params for m in method_objs if m.kind == "tree"] or None,
             "warmup": warmup,
@@ -709,6 +711,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--num-questions", type=int, default=None, help="first N questions of each suite")
     g.add_argument("--methods", default="plain,lookup,assisted,tree", help=f"comma-separated from {', '.join(METHOD_NAMES)}")
     g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--max-turns", type=int, default=None, help="user turns per question (MT-bench has 2; 1 = first turns only)")
     g.add_argument("--temperature", default="0", help="comma-separated; 0 = greedy (with the lossless check). E.g. 0,0.7")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
@@ -815,7 +818,7 @@ def run(args) -> int:
     target, tokenizer, draft, assistant, assistant_tok = load_models(args, device, dtype, draft_path)
     results = run_benchmark(
         target, tokenizer, suites, methods=methods, draft=draft, assistant=assistant,
-        assistant_tokenizer=assistant_tok, modes=modes, max_new_tokens=args.max_new_tokens,
+        assistant_tokenizer=assistant_tok, modes=modes, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
         tree_grid=tree_grid_from_args(args) if "tree" in methods else None, lookup_tokens=args.lookup_tokens,
         warmup=args.warmup, seed=args.seed, progress=not args.quiet, keep_outputs=args.save_outputs,
     )

@@ -91,7 +91,9 @@ def markdown_report(results: dict) -> str:
         f"Target: `{s.get('target')}`  Draft: `{s.get('draft')}`  ",
         f"Machine: {describe_machine(results['machine'])}  ",
         "Suites: " + ", ".join(f"{x['name']} ({x['questions']} questions)" for x in s["suites"]) + "; "
-        f"max {s['max_new_tokens']} new tokens per turn; speed-up over plain decoding in the same run.",
+        f"max {s['max_new_tokens']} new tokens per turn"
+        + (f", first {s['max_turns']} turn(s) of each question" if s.get("max_turns") else "")
+        + "; speed-up over plain decoding in the same run.",
         "",
         markdown_table(results),
         "",
