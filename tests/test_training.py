@@ -357,6 +357,24 @@ def ttt_case(seed: int = 0):
     return draft, aux, input_ids, target_logits, loss_mask, attention_mask, K, step_logits
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "qwen3"])
+def test_head_from_target_reproduces_the_target_logits_of_the_draft_vocabulary(arch):
+    """draft.head_from_target: lm_head(norm(h)) of the fresh draft = the target's logits of the draft's tokens
+    (Gemma's final norm scales by 1 + w, Llama's by w; soft-capping aside)."""
+    from eagle3_hub.training.train import init_head_from_target
+
+    target = make_tiny_target(arch)
+    with torch.no_grad():
+        target.get_decoder().norm.weight.uniform_(0.5, 1.5)  # a non-trivial gain
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    ids = torch.randperm(target.config.vocab_size)[:64].sort().values
+    draft.set_vocab_mapping(ids)
+    init_head_from_target(draft, target)
+    h = torch.randn(3, target.config.hidden_size)
+    want = target.get_output_embeddings()(target.get_decoder().norm(h))[:, ids]
+    torch.testing.assert_close(draft.lm_head(draft.norm(h)), want, rtol=1e-4, atol=1e-4)
+
+
 def test_ttt_loss_matches_a_naive_step_by_step_reference():
     draft, aux, ids, target_logits, loss_mask, att, K, step_logits = ttt_case()
     ref = naive_ttt_loss(draft, step_logits, target_logits, loss_mask, att, K, 0.8)

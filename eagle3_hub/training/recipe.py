@@ -10,7 +10,15 @@ import yaml
 
 DEFAULTS: dict = {
     "target": {"name": None, "gguf_file": None, "adapter": None, "dtype": "bfloat16"},
-    "draft": {"draft_vocab_size": 8192, "aux_layer_ids": None, "intermediate_size": None, "init_from": None},
+    "draft": {
+        "draft_vocab_size": 8192,
+        "aux_layer_ids": None,
+        "intermediate_size": None,
+        "init_from": None,
+        # start the draft's lm_head from the target's (its draft-vocabulary rows, the target's final-norm scale
+        # folded in) instead of random: the draft then only learns to land in the target's output space
+        "head_from_target": False,
+    },
     "data": {
         "sources": [],  # Hub ids, presets (sharegpt, ultrachat) or local json/jsonl/parquet, optionally {path, max_samples}
         "synthesize": 0,  # Magpie-style prompts written by the target itself

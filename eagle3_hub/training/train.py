@@ -193,6 +193,27 @@ def check_recipe(recipe: dict) -> None:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
 
 
+@torch.no_grad()
+def init_head_from_target(draft: Eagle3DraftModel, target) -> None:
+    """``draft.lm_head`` <- the target's output rows of the draft vocabulary, scaled by the target's final norm.
+
+    The draft normalises with a plain RMSNorm (weight 1 here); the target's final norm multiplies each channel
+    by its own gain (``w`` for Llama, ``1 + w`` for Gemma). Feeding the norm an all-ones vector (RMS 1) reads
+    that gain whatever the parametrisation, and folding it into the rows makes ``lm_head(norm(h))`` equal the
+    target's logits of those tokens (before any final soft-capping, which keeps the order)."""
+    head = target.get_output_embeddings()
+    norm = getattr(target.get_decoder(), "norm", None)
+    if head is None or norm is None:
+        raise ValueError(f"draft.head_from_target: {type(target).__name__} exposes no output embedding and final norm; "
+                         "set draft.head_from_target to false.")
+    ids = draft.draft_to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
+    weight = head.weight.detach().float()
+    probe = torch.ones(1, weight.shape[1], device=weight.device, dtype=next(norm.parameters()).dtype)
+    gain = norm(probe).float()[0]  # (H,)
+    draft.norm.weight.fill_(1.0)
+    draft.lm_head.weight.copy_((weight[ids.to(weight.device)] * gain).to(draft.lm_head.weight))
+
+
 def load_init_draft(path: str, target) -> Eagle3DraftModel:
     """An existing draft to continue from (``draft.init_from``): it must fit the target."""
     draft = Eagle3DraftModel.from_pretrained(path, target=target)  # checks the fit, shares the target's embedding
@@ -252,6 +273,8 @@ def train(recipe: dict, resume: bool = False) -> Path:
         draft = Eagle3DraftModel.from_target(target, aux_layer_ids=d["aux_layer_ids"], draft_vocab_size=size,
                                              intermediate_size=d["intermediate_size"])
         draft.set_vocab_mapping(vocab_ids)
+        if d["head_from_target"]:
+            init_head_from_target(draft, target)
     draft = draft.float().to(accelerator.device)  # fp32 master weights; autocast does the rest
     draft.embed_tokens.weight.requires_grad_(False)
     if recipe["lora"]["enabled"]:
