@@ -81,11 +81,13 @@ from transformers.utils import ModelOutput
 # nodes verified per target forward, root excluded).
 # CPU: a verification is compute-bound and its cost grows with every token (SmolLM2-135M fp32, 1 thread:
 # 1 token 71 ms, 5: 124, 9: 139, 17: 196, 33: 229, 65: 363), and one draft level costs ~10% of a one-token
-# target forward: small trees, from a sweep with the SmolLM2 reference draft (README, "Tree decoding").
-# Re-tune: `eagle3-hub bench --sweep --depth 3,4,5 --tree-top-k 2,4,8 --total-tokens 4,8,16`.
-# CUDA: verification is nearly flat up to ~64 tokens: the EAGLE-2/3 reference trees (not measured here).
+# target forward: small, shallow trees. Sweep with the SmolLM2 reference draft (results/smollm2-135m-instruct/
+# sweep/, 18 shapes, depth 3-5): depth 3 / top-k 4 / 8 nodes was the fastest; deeper levels are almost never
+# accepted by that draft (acceptance at draft position 3: 0.00). Re-tune a better draft with run_sweep.sh.
+# CUDA: verification is flat up to 128 tokens on an H200 (eager, launch-bound: results/cuda-h200/): the
+# EAGLE-2/3 reference trees.
 TREE_DEFAULTS: dict[str, dict[str, int]] = {
-    "cpu": {"depth": 4, "top_k": 4, "total_tokens": 8},
+    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8},
     "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60},
 }
 
