@@ -143,10 +143,10 @@ class PeakMemory:
                 self.kind = "process_max_rss"
 
     @staticmethod
-    def _read_hwm_kb() -> int | None:
+    def _read_hwm_kb(field: str = "VmHWM") -> int | None:
         try:
             with open("/proc/self/status") as f:
-                m = re.search(r"VmHWM:\s+(\d+)\s+kB", f.read())
+                m = re.search(field + r":\s+(\d+)\s+kB", f.read())
             return int(m.group(1)) if m else None
         except OSError:
             return None
@@ -157,6 +157,9 @@ class PeakMemory:
         elif self._can_reset:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
+            hwm, rss = self._read_hwm_kb(), self._read_hwm_kb("VmRSS")
+            if hwm is None or rss is None or hwm > rss + 4096:  # the kernel ignored the reset (e.g. gVisor)
+                self._can_reset, self.kind = False, "process_max_rss"
 
     def peak_mb(self) -> float:
         if self.device.type == "cuda":
