@@ -444,11 +444,14 @@ def test_browser_side_by_side(smollm2, fitted_draft_dir, tmp_path):
 
         page.click("#settings >> text=Settings")
         new_tokens = page.locator("#max-new-tokens input[type=number]")
-        new_tokens.fill("24")
-        new_tokens.press("Enter")
-        new_tokens.blur()  # Gradio takes a number's value on change/blur
+        for _ in range(5):  # a late page-load update can put the default (96) back: set it until it sticks
+            new_tokens.fill("24")
+            new_tokens.press("Enter")
+            new_tokens.blur()  # Gradio takes a number's value on change/blur
+            page.wait_for_timeout(700)
+            if new_tokens.input_value() == "24":
+                break
         expect(new_tokens).to_have_value("24")
-        page.wait_for_timeout(500)
         page.fill("#prompt textarea", BROWSER_PROMPT)
         # record what the panes show while they stream
         page.evaluate("""() => {
