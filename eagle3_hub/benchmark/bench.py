@@ -136,14 +136,14 @@ class PeakMemory:
             try:
                 with open("/proc/self/clear_refs", "w") as f:
                     f.write("5")
-                self._can_reset = self._read_hwm_kb() is not None
+                self._can_reset = self._read_status_kb() is not None
             except OSError:
                 self._can_reset = False
             if not self._can_reset:
                 self.kind = "process_max_rss"
 
     @staticmethod
-    def _read_hwm_kb(field: str = "VmHWM") -> int | None:
+    def _read_status_kb(field: str = "VmHWM") -> int | None:
         try:
             with open("/proc/self/status") as f:
                 m = re.search(field + r":\s+(\d+)\s+kB", f.read())
@@ -157,7 +157,7 @@ class PeakMemory:
         elif self._can_reset:
             with open("/proc/self/clear_refs", "w") as f:
                 f.write("5")
-            hwm, rss = self._read_hwm_kb(), self._read_hwm_kb("VmRSS")
+            hwm, rss = self._read_status_kb(), self._read_status_kb("VmRSS")
             if hwm is None or rss is None or hwm > rss + 4096:  # the kernel ignored the reset (e.g. gVisor)
                 self._can_reset, self.kind = False, "process_max_rss"
 
@@ -165,7 +165,7 @@ class PeakMemory:
         if self.device.type == "cuda":
             return torch.cuda.max_memory_allocated(self.device) / 2**20
         if self._can_reset:
-            return (self._read_hwm_kb() or 0) / 1024
+            return (self._read_status_kb() or 0) / 1024
         try:
             import resource  # Unix only
         except ImportError:
