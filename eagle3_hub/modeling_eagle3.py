@@ -242,7 +242,7 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         use_cache: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
         ttt_cache: list | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,  # N: the last N positions; a (b, s) bool mask: logits (n, Vd)
         **kwargs,
     ) -> Eagle3DraftOutput:
         cache = kwargs.pop("past_key_values", cache)
@@ -280,7 +280,10 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
             hidden_states = self.midlayer(
                 inputs_embeds, hidden_states, position_embeddings, attention_mask, cache, ttt_cache, ttt_step
             )
-        kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+        if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dtype == torch.bool:
+            kept = hidden_states[logits_to_keep]  # (n, H): only the positions a loss scores (training)
+        else:
+            kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
         logits = self.lm_head(self.norm(kept))
         return Eagle3DraftOutput(logits=logits, hidden_states=hidden_states, cache=cache)
 

@@ -31,6 +31,10 @@ def test_forward_shapes(draft):
     assert out.logits.shape == (2, 5, 200)  # draft vocabulary
     assert out.hidden_states.shape == (2, 5, 64)  # pre-norm, feeds the next step
     assert draft(input_ids=ids, target_hidden_states=feats, logits_to_keep=1).logits.shape == (2, 1, 200)
+    keep = torch.tensor([[True, False, True, False, False], [False, False, False, True, True]])
+    kept = draft(input_ids=ids, target_hidden_states=feats, logits_to_keep=keep)  # training: scored positions only
+    torch.testing.assert_close(kept.logits, out.logits[keep])
+    torch.testing.assert_close(kept.hidden_states, out.hidden_states)
     # the next draft step reads the previous output directly (no fc)
     step = draft(input_ids=ids[:, -1:], hidden_states=out.hidden_states[:, -1:], position_ids=torch.full((2, 1), 5))
     assert step.logits.shape == (2, 1, 200)

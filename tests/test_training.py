@@ -46,8 +46,8 @@ from eagle3_hub.training.data import (  # noqa: E402
 )
 from eagle3_hub.training.features import OfflineFeatures, aux_features  # noqa: E402
 from eagle3_hub.training.recipe import load_recipe, parse_overrides  # noqa: E402
-from eagle3_hub.training.train import collate, run, train  # noqa: E402
-from eagle3_hub.training.ttt import acceptance_metrics, ttt_loss  # noqa: E402
+from eagle3_hub.training.train import LengthGroupedBatches, collate, run, train  # noqa: E402
+from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss  # noqa: E402
 from eagle3_hub.training.vocab import coverage_table, select_draft_vocab, token_counts  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -396,6 +396,52 @@ def test_ttt_loss_matches_a_naive_step_by_step_reference():
     m = acceptance_metrics(out.step_correct, out.step_count, out.chain_correct, out.chain_count)
     chain = [c / ref["step_count"][0] for c in ref["chain_correct"]]
     assert m["chain_acceptance"] == pytest.approx(chain) and m["expected_acceptance_length"] == pytest.approx(1 + sum(chain))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_target_logits_only_where_the_loss_reads_them(arch):
+    """aux_features(logits_at=...) runs the target's output layer on the rows the TTT loss reads (the one before
+    each scored token), with Gemma's soft-capping; the loss is unchanged."""
+    target = make_tiny_target(arch)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, target.config.vocab_size, (2, 9), generator=g)
+    att = torch.ones_like(ids)
+    att[1, -2:] = 0
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, 4:] = 1
+    loss_mask &= att
+    at = target_logit_positions(loss_mask)
+    assert at[0].tolist() == [False] * 3 + [True] * 5 + [False] and at[1].tolist() == [False] * 3 + [True] * 3 + [False] * 3
+    aux, full = aux_features(target, ids, att, [0, 1, 2])
+    aux_at, part = aux_features(target, ids, att, [0, 1, 2], logits_at=at)
+    torch.testing.assert_close(aux_at, aux)
+    torch.testing.assert_close(part[at], full[at], rtol=1e-5, atol=1e-5)
+    assert (part[~at] == 0).all()
+    draft = Eagle3DraftModel.from_target(target, aux_layer_ids=[0, 1, 2], draft_vocab_size=64)
+    draft.set_vocab_mapping(torch.arange(64))
+    with torch.no_grad():
+        a = ttt_loss(draft, aux, ids, full, loss_mask, att, ttt_steps=3)
+        b = ttt_loss(draft, aux, ids, part, loss_mask, att, ttt_steps=3)
+    torch.testing.assert_close(a.loss, b.loss)
+    assert a.step_count.tolist() == b.step_count.tolist() and a.step_count[0] > 0
+
+
+def test_length_grouped_batches_cover_every_sample_once_with_less_padding():
+    lengths = torch.randint(10, 400, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    def epoch(seed):
+        return list(LengthGroupedBatches(lengths, 4, torch.Generator().manual_seed(seed)))
+
+    batches = epoch(0)
+    assert len(batches) == len(LengthGroupedBatches(lengths, 4, torch.Generator())) == 250
+    assert sorted(i for b in batches for i in b) == list(range(1000))
+    assert epoch(0) == batches and epoch(1) != batches  # a function of the generator's state
+    padded = sum(max(lengths[i] for i in b) * len(b) for b in batches)
+    random_batches = torch.randperm(1000, generator=torch.Generator().manual_seed(0)).view(-1, 4).tolist()
+    padded_random = sum(max(lengths[i] for i in b) * len(b) for b in random_batches)
+    assert padded < 0.8 * padded_random and padded < 1.05 * sum(lengths)
+    firsts = [min(b) for b in batches[:20]]
+    assert firsts != sorted(firsts)  # the batches come in random order, not longest first
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradients():

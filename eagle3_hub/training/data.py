@@ -283,54 +283,68 @@ def tokenize_dataset(ds: Dataset, tokenizer, max_length: int, num_proc: int | No
 def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, seed: int = 0,
                         synthesize: int = 0, regenerate_responses: bool = True, max_new_tokens: int = 384,
                         temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1,
-                        min_chars: int = 1, max_chars: int = 20000, strip_patterns: list[str] | None = None) -> Dataset:
+                        min_chars: int = 1, max_chars: int = 20000, strip_patterns: list[str] | None = None,
+                        synthesize_seed: int | None = None) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
-    answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes."""
+    answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes.
+
+    A source given as ``{path, regenerate: false}`` keeps its answers whatever ``regenerate_responses`` says:
+    for data this target has already answered (an earlier run's ``regen-*.jsonl``)."""
     work_dir = Path(work_dir)
-    parts = []
+    fresh, kept = [], []  # answered by the target here / kept as they are
     for src in sources:
         spec = {"path": src} if isinstance(src, str) else dict(src)
         n = spec.pop("max_samples", None)
+        own = spec.pop("regenerate", None)
         ds = load_source(spec)
         if n:
             ds = ds.shuffle(seed=seed).select(range(min(n, len(ds))))
-        parts.append(ds)
+        (kept if own is False or (own is None and not regenerate_responses) else fresh).append(ds)
     if synthesize:
-        synth = synthesize_prompts(target, tokenizer, synthesize, work_dir / f"synth-seed{seed}.jsonl", seed=seed)
+        sseed = seed if synthesize_seed is None else synthesize_seed
+        synth = synthesize_prompts(target, tokenizer, synthesize, work_dir / f"synth-seed{sseed}.jsonl", seed=sseed)
         if not regenerate_responses:  # the dataset's answers are kept, but synthesised prompts have none yet
-            synth = regenerate(synth, target, tokenizer, work_dir / f"answers-synth-seed{seed}-{synthesize}-{max_new_tokens}.jsonl",
+            synth = regenerate(synth, target, tokenizer, work_dir / f"answers-synth-seed{sseed}-{synthesize}-{max_new_tokens}.jsonl",
                                max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size)
-        parts.append(synth)
-    if not parts:
+            kept.append(synth)
+        else:
+            fresh.append(synth)
+    if not fresh and not kept:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
-    ds = concatenate_datasets(parts)
-    if strip_patterns:
-        patterns = [re.compile(p) for p in strip_patterns]
+    patterns = [re.compile(p) for p in strip_patterns or []]
 
-        def strip(ex):
-            msgs = []
-            for m in ex["messages"]:
-                text = m["content"]
-                for p in patterns:
-                    text = p.sub("", text)
-                msgs.append({"role": m["role"], "content": text})
-            return {"messages": msgs}
-
-        ds = ds.map(strip, desc="strip patterns")
+    def strip(ex):
+        msgs = []
+        for m in ex["messages"]:
+            text = m["content"]
+            for p in patterns:
+                text = p.sub("", text)
+            msgs.append({"role": m["role"], "content": text})
+        return {"messages": msgs}
 
     def length_ok(ex):
         n = sum(len(m["content"]) for m in ex["messages"])
         return min_chars <= n <= max_chars
 
-    before = len(ds)
-    ds = dedupe(ds.filter(length_ok, desc="length filter")).shuffle(seed=seed).flatten_indices()
-    print(f"[data] {before} samples, {len(ds)} after length filter and dedupe")
-    if regenerate_responses:
+    def clean(parts: list) -> Dataset:
+        ds = concatenate_datasets(parts)
+        if patterns:
+            ds = ds.map(strip, desc="strip patterns")
+        before = len(ds)
+        ds = dedupe(ds.filter(length_ok, desc="length filter")).shuffle(seed=seed).flatten_indices()
+        print(f"[data] {before} samples, {len(ds)} after length filter and dedupe")
+        return ds
+
+    out = []
+    if fresh:
+        ds = clean(fresh)
         who = getattr(target, "name_or_path", None) or getattr(target.config, "_name_or_path", "")
         key = hashlib.sha1(f"{ds._fingerprint}:{who}:{max_new_tokens}:{temperature}:{max_turns}".encode()).hexdigest()[:10]
-        ds = regenerate(ds, target, tokenizer, work_dir / f"regen-{key}.jsonl", max_new_tokens=max_new_tokens,
-                        temperature=temperature, batch_size=batch_size, max_turns=max_turns)
-    return ds
+        out.append(regenerate(ds, target, tokenizer, work_dir / f"regen-{key}.jsonl", max_new_tokens=max_new_tokens,
+                              temperature=temperature, batch_size=batch_size, max_turns=max_turns))
+    if kept:
+        out.append(clean(kept))
+    return out[0] if len(out) == 1 else dedupe(concatenate_datasets(out)).shuffle(seed=seed).flatten_indices()
 
 
 __all__ = ["PRESETS", "DataError", "normalise_example", "source_spec", "load_source", "dedupe", "regenerate", "synthesize_prompts",

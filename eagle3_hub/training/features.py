@@ -20,11 +20,38 @@ from tqdm.auto import tqdm
 
 
 @torch.no_grad()
-def aux_features(target, input_ids, attention_mask, aux_layer_ids) -> tuple[torch.Tensor, torch.Tensor]:
-    """(b, s, 3*H) aux features (outputs of the aux decoder layers) and (b, s, V) target logits."""
-    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+def aux_features(target, input_ids, attention_mask, aux_layer_ids, logits_at: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(b, s, 3*H) aux features (outputs of the aux decoder layers) and (b, s, V) target logits.
+
+    logits_at: (b, s) bool, the positions whose logits are wanted (``ttt.target_logit_positions``); the others
+    are left at 0. The target's output layer over its full vocabulary is then run on those rows only."""
+    if logits_at is None:
+        out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
+        logits = out.logits
+    else:
+        out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False,
+                     logits_to_keep=1)
+        logits = target_logits(target, out.hidden_states[-1], logits_at)
     aux = torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1)
-    return aux, out.logits
+    return aux, logits
+
+
+@torch.no_grad()
+def target_logits(target, last: torch.Tensor, logits_at: torch.Tensor | None = None) -> torch.Tensor:
+    """(b, s, V) logits from the target's final (normed) hidden state ``last`` (b, s, H), at ``logits_at`` only
+    (zeros elsewhere) when it is given."""
+    lm_head = target.get_output_embeddings()
+    last = last.to(lm_head.weight.dtype)
+    if logits_at is None:
+        logits = lm_head(last)
+    else:
+        logits = last.new_zeros(last.shape[:2] + (lm_head.weight.shape[0],))
+        logits[logits_at] = lm_head(last[logits_at])
+    softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
+    if softcap:  # Gemma 2 / 3
+        logits = torch.tanh(logits / softcap) * softcap
+    return logits
 
 
 class OfflineFeatures:
@@ -88,8 +115,10 @@ class OfflineFeatures:
                     continue
                 tensors = {}
                 rows = ds.select(range(s * self.shard_size, min(len(ds), (s + 1) * self.shard_size)))
+                lengths = [len(x) for x in rows["input_ids"]]
+                order = sorted(range(len(rows)), key=lambda r: lengths[r])  # batches of similar lengths: less padding
                 for b in range(0, len(rows), self.batch_size):
-                    batch = rows.select(range(b, min(len(rows), b + self.batch_size)))
+                    batch = rows.select(order[b:b + self.batch_size])
                     lengths = [len(x) for x in batch["input_ids"]]
                     ids = torch.full((len(lengths), max(lengths)), pad_id, dtype=torch.long)
                     att = torch.zeros_like(ids)
@@ -124,8 +153,9 @@ class OfflineFeatures:
         return h.get_tensor(f"{kind}.{index}")
 
     @torch.no_grad()
-    def load(self, batch) -> tuple[torch.Tensor, torch.Tensor]:
-        """(b, s, 3*H) aux features and (b, s, V) target logits for a right-padded batch."""
+    def load(self, batch, logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(b, s, 3*H) aux features and (b, s, V) target logits (at ``logits_at`` only, when given) for a
+        right-padded batch."""
         b, s = batch["input_ids"].shape
         device = batch["input_ids"].device
         aux_rows, last_rows = [], []
@@ -138,10 +168,5 @@ class OfflineFeatures:
         for r, (a, l) in enumerate(zip(aux_rows, last_rows)):
             aux[r, : a.shape[0]] = a
             last[r, : l.shape[0]] = l
-        lm_head = self.target.get_output_embeddings()
-        last = last.to(device=device, dtype=lm_head.weight.dtype)
-        logits = lm_head(last)
-        softcap = getattr(self.target.config.get_text_config(), "final_logit_softcapping", None)
-        if softcap:  # Gemma 2 / 3
-            logits = torch.tanh(logits / softcap) * softcap
+        logits = target_logits(self.target, last.to(device), None if logits_at is None else logits_at.to(device))
         return aux.to(device), logits

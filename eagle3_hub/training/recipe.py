@@ -22,6 +22,7 @@ DEFAULTS: dict = {
     "data": {
         "sources": [],  # Hub ids, presets (sharegpt, ultrachat) or local json/jsonl/parquet, optionally {path, max_samples}
         "synthesize": 0,  # Magpie-style prompts written by the target itself
+        "synthesize_seed": None,  # seed of those prompts (default: train.seed); another seed gives other prompts
         "regenerate": True,  # answer every prompt with the target (a draft must learn the target's distribution)
         "max_new_tokens": 384,
         "temperature": 0.0,
@@ -39,6 +40,7 @@ DEFAULTS: dict = {
         "epochs": 1,
         "max_steps": None,
         "batch_size": 4,
+        "group_by_length": True,  # batches of similar lengths (less padding); false: plain random batches
         "grad_accum": 1,
         "lr": 5e-4,
         "weight_decay": 0.0,

@@ -31,7 +31,7 @@ from ..targets import check_aux_layer_ids, load_target, num_decoder_layers
 from .data import DataError, build_conversations, tokenize_dataset
 from .features import OfflineFeatures, aux_features
 from .recipe import load_recipe, parse_overrides
-from .ttt import acceptance_metrics, ttt_loss
+from .ttt import acceptance_metrics, target_logit_positions, ttt_loss
 from .vocab import coverage_table, select_draft_vocab, token_counts
 
 
@@ -53,6 +53,30 @@ def collate(batch: list[dict], pad_id: int) -> dict:
         att[i, :n] = 1
         lm[i, :n] = torch.tensor(ex["loss_mask"])
     return {"input_ids": ids, "attention_mask": att, "loss_mask": lm, "index": torch.tensor([ex["index"] for ex in batch])}
+
+
+class LengthGroupedBatches(torch.utils.data.Sampler):
+    """Batches of samples of similar length, in random order: less padding, so less work per token.
+
+    Each epoch shuffles all samples with ``generator``, cuts them into groups of ``group`` batches, sorts
+    each group by length, and shuffles the batches. Like transformers' ``group_by_length``; deterministic
+    given the generator's state, so a resumed run replays the same batches."""
+
+    def __init__(self, lengths: list[int], batch_size: int, generator: torch.Generator, group: int = 32):
+        self.lengths, self.batch_size, self.generator, self.group = lengths, batch_size, generator, group
+
+    def __len__(self) -> int:
+        return (len(self.lengths) + self.batch_size - 1) // self.batch_size
+
+    def __iter__(self):
+        order = torch.randperm(len(self.lengths), generator=self.generator).tolist()
+        span = self.batch_size * self.group
+        batches = []
+        for start in range(0, len(order), span):
+            chunk = sorted(order[start:start + span], key=lambda i: -self.lengths[i])
+            batches += [chunk[b:b + self.batch_size] for b in range(0, len(chunk), self.batch_size)]
+        for b in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[b]
 
 
 # ------------------------------------------------------------------------------------------------- stages
@@ -79,6 +103,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
             d["sources"], target, tokenizer, work, seed=recipe["train"]["seed"], synthesize=d["synthesize"],
             regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
             batch_size=d["gen_batch_size"], max_turns=d["max_turns"], strip_patterns=d["strip_patterns"],
+            synthesize_seed=d["synthesize_seed"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
         if len(tok) < 2:
@@ -295,14 +320,19 @@ def train(recipe: dict, resume: bool = False) -> Path:
         features.build([train_ds, eval_ds], tokenizer.pad_token_id)
 
     def get_features(batch):
+        at = target_logit_positions(batch["loss_mask"].bool() & batch["attention_mask"].bool())
         if features is not None:
-            return features.load(batch)
-        return aux_features(target, batch["input_ids"], batch["attention_mask"], aux_ids)
+            return features.load(batch, logits_at=at)
+        return aux_features(target, batch["input_ids"], batch["attention_mask"], aux_ids, logits_at=at)
 
     # ---- loaders, optimizer, schedule
     pad = tokenizer.pad_token_id
     g = torch.Generator().manual_seed(t["seed"])
-    train_loader = DataLoader(train_ds, batch_size=t["batch_size"], shuffle=True, generator=g, collate_fn=lambda b: collate(b, pad))
+    if t["group_by_length"]:
+        sampler = LengthGroupedBatches([len(x) for x in train_ds["input_ids"]], t["batch_size"], g)
+        train_loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=lambda b: collate(b, pad))
+    else:
+        train_loader = DataLoader(train_ds, batch_size=t["batch_size"], shuffle=True, generator=g, collate_fn=lambda b: collate(b, pad))
     eval_loader = DataLoader(eval_ds, batch_size=t["batch_size"], shuffle=False, collate_fn=lambda b: collate(b, pad))
     train_loader, eval_loader = accelerator.prepare(train_loader, eval_loader)
     steps_per_epoch = math.ceil(len(train_loader) / t["grad_accum"])  # per process: each one sees its shard

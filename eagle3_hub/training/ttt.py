@@ -34,6 +34,11 @@ def _shift(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
     return torch.cat([x[:, n:], pad], dim=1)
 
 
+def target_logit_positions(loss_mask: torch.Tensor) -> torch.Tensor:
+    """(b, s) bool: the positions whose target logits the loss reads (the one before each scored token)."""
+    return _shift(loss_mask.bool(), 1, False)
+
+
 def causal_mask(seq_len: int, dtype: torch.dtype, device) -> torch.Tensor:
     """(1, 1, s, s) additive causal mask."""
     mask = torch.full((seq_len, seq_len), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
@@ -52,7 +57,7 @@ def ttt_loss(
     draft,
     aux_hidden_states: torch.Tensor,  # (b, s, 3*Ht) target features at the aux layers
     input_ids: torch.LongTensor,  # (b, s), right-padded
-    target_logits: torch.Tensor,  # (b, s, V) target logits (full vocabulary) at each position
+    target_logits: torch.Tensor,  # (b, s, V) target logits (full vocabulary); read at target_logit_positions only
     loss_mask: torch.Tensor,  # (b, s) 1 on assistant tokens (tokens to predict)
     attention_mask: torch.Tensor | None = None,  # (b, s) 1 on real tokens
     ttt_steps: int = 7,
@@ -79,22 +84,23 @@ def ttt_loss(
     chain = None
     for k in range(ttt_steps):
         ids_k = _shift(input_ids, 1 + k)  # token t+1+k
-        p_k = _shift(target_p, 1 + k)  # target distribution of token t+2+k
-        want_k = _shift(target_argmax_draft, 1 + k)
         valid = _shift(loss_mask, 2 + k, False) & _shift(in_vocab, 1 + k, False)  # (b, s)
+        p_k = _shift(target_p, 1 + k)[valid]  # (n, Vd) target distribution of token t+2+k
+        want_k = _shift(target_argmax_draft, 1 + k)[valid]  # (n,)
+        # logits only where the loss scores them: the draft's lm_head is most of a step's cost
         if hidden is None:
             out = draft(input_ids=ids_k, target_hidden_states=aux_hidden_states, position_ids=positions,
-                        attention_mask=mask, ttt_cache=ttt_cache)
+                        attention_mask=mask, ttt_cache=ttt_cache, logits_to_keep=valid)
         else:
             out = draft(input_ids=ids_k, hidden_states=hidden, position_ids=positions + k,
-                        attention_mask=mask, ttt_cache=ttt_cache)
+                        attention_mask=mask, ttt_cache=ttt_cache, logits_to_keep=valid)
         hidden = out.hidden_states
-        logp = F.log_softmax(out.logits.float(), dim=-1)  # (b, s, Vd)
+        logp = F.log_softmax(out.logits.float(), dim=-1)  # (n, Vd)
         n = valid.sum()
-        ce = -(p_k * logp).sum(-1)  # (b, s)
-        losses.append((ce * valid).sum() / n.clamp(min=1))
+        losses.append(-(p_k * logp).sum() / n.clamp(min=1))
         with torch.no_grad():
-            hit = (logp.argmax(-1) == want_k) & valid
+            hit = torch.zeros_like(valid)
+            hit[valid] = logp.argmax(-1) == want_k
             chain = hit if chain is None else chain & hit
             correct.append(hit.sum())
             counts.append(n)
