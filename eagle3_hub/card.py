@@ -391,6 +391,13 @@ def training_info_from_metrics(metrics: dict) -> dict:
         "step weight": train.get("step_weight"),
         "LoRA": f"r={recipe['lora']['r']}, alpha={recipe['lora']['alpha']}" if (recipe.get("lora") or {}).get("enabled") else None,
     }
+    earlier = metrics.get("earlier_stages") or []
+    if earlier:  # a draft continued from another one (draft.init_from): its training is part of this one's
+        info["continued from"] = (recipe.get("draft") or {}).get("init_from")
+        info["earlier training"] = "; ".join(
+            f"{st.get('steps')} steps x {st.get('batch_size')} on {st.get('training_samples')} conversations"
+            + (f" ({st['wall_time_s'] / 60:.0f} min)" if st.get("wall_time_s") else "") for st in earlier)
+        info["optimizer steps, all stages"] = (metrics.get("steps") or 0) + sum(st.get("steps") or 0 for st in earlier)
     if history:
         last = history[-1]
         if last.get("expected_acceptance_length") is not None:

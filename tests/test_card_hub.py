@@ -160,6 +160,14 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     assert card.data.datasets == ["HuggingFaceH4/ultrachat_200k"]
     assert "| learning rate | 0.0003 |" in card.text and "| eval: expected acceptance length | 1.8 |" in card.text
     assert 'AutoModelForCausalLM.from_pretrained("HuggingFaceTB/SmolLM2-135M-Instruct"' in card.text
+    # a draft continued from an earlier one: the earlier training is on the card too
+    recipe["draft"]["init_from"] = "runs/stage1/draft"
+    metrics["earlier_stages"] = [{"steps": 440, "batch_size": 4, "training_samples": 1288, "wall_time_s": 3692.7}]
+    (draft / "training_metrics.json").write_text(json.dumps(metrics))
+    card = ModelCard.load(write_model_card(draft))
+    assert "| continued from | runs/stage1/draft |" in card.text
+    assert "| earlier training | 440 steps x 4 on 1288 conversations (62 min) |" in card.text
+    assert "| optimizer steps, all stages | 560 |" in card.text
 
 
 # ----------------------------------------------------------------------------------------- push

@@ -241,6 +241,17 @@ def test_self_synthesis_and_regeneration_resume_from_their_caches(tmp_path, tiny
     mixed = build_conversations([str(data_dir / "prompts.json")], **{**kw, "regenerate_responses": False})
     roles = sorted(tuple(m["role"] for m in ex["messages"]) for ex in mixed)
     assert roles.count(("user", "assistant")) == 3 and roles.count(("user",)) == 6
+    # a source marked `regenerate: false` keeps its answers while the rest is answered by the target; the
+    # synthesised prompts' answers come from the cache above (the regenerated part is the same data)
+    sizes = {p: p.stat().st_size for p in tmp_path.glob("*.jsonl")}
+    kept = build_conversations([{"path": str(data_dir / "sharegpt.jsonl"), "regenerate": False, "max_samples": 5}], **kw)
+    assert {p: p.stat().st_size for p in tmp_path.glob("*.jsonl")} == sizes
+    answers = {ex["messages"][0]["content"]: ex["messages"][1]["content"] for ex in kept}
+    assert len(kept) == 8 and sum(q.endswith("?") and a.endswith(".") and " plus " in a for q, a in answers.items()) == 5
+    assert all(ex["messages"] in list(convs["messages"]) for ex in kept if " plus " not in ex["messages"][0]["content"])
+    # another synthesis seed writes other prompts, to a cache of its own
+    other = build_conversations([], **{**kw, "synthesize_seed": 7, "synthesize": 2})
+    assert (tmp_path / "synth-seed7.jsonl").exists() and len(other) == 2
 
 
 # ----------------------------------------------------------------------------------------------- vocabulary
@@ -555,6 +566,9 @@ def test_lora_mode_saves_an_adapter_loadable_as_a_peft_model_of_the_draft(tmp_pa
     assert adapter and all("lora_" in k for k in adapter)
     metrics = json.loads((out / "training_metrics.json").read_text())
     assert metrics["vocab"]["from_draft"] and metrics["vocab"]["draft_vocab_size"] == 256
+    base_metrics = json.loads((base_dir / "training_metrics.json").read_text())
+    (stage,) = metrics["earlier_stages"]  # the lineage: the run that trained init_from
+    assert stage["steps"] == base_metrics["steps"] > 0 and stage["training_samples"] == base_metrics["data"]["train"]
 
     target, _ = load_target(str(tiny_target_dir))
     base = Eagle3DraftModel.from_pretrained(base_dir, target=target, dtype=torch.float32)

@@ -239,6 +239,34 @@ def init_head_from_target(draft: Eagle3DraftModel, target) -> None:
     draft.lm_head.weight.copy_((weight[ids.to(weight.device)] * gain).to(draft.lm_head.weight))
 
 
+def earlier_stages(init_from: str) -> list[dict]:
+    """The lineage of a draft that training continues: its own ``training_metrics.json`` (local folder or Hub
+    repo) summarised, after the stages it lists itself. Empty when the draft carries none."""
+    path = Path(init_from) / "training_metrics.json"
+    if not path.exists():
+        try:
+            from huggingface_hub import hf_hub_download
+
+            path = Path(hf_hub_download(init_from, "training_metrics.json"))
+        except Exception:  # no such file, no network, not a repo id: the lineage is unknown, training goes on
+            return []
+    prev = json.loads(path.read_text())
+    recipe = prev.get("recipe") or {}
+    data = recipe.get("data") or {}
+    stage = {
+        "init_from": (recipe.get("draft") or {}).get("init_from"),
+        "sources": [src if isinstance(src, str) else src.get("path") for src in data.get("sources") or []],
+        "synthesize": data.get("synthesize"),
+        "training_samples": (prev.get("data") or {}).get("train"),
+        "steps": prev.get("steps"),
+        "batch_size": (recipe.get("train") or {}).get("batch_size"),
+        "lr": (recipe.get("train") or {}).get("lr"),
+        "wall_time_s": prev.get("wall_time_s"),
+        "expected_acceptance_length": (prev.get("acceptance") or {}).get("expected_acceptance_length"),
+    }
+    return list(prev.get("earlier_stages") or []) + [stage]
+
+
 def load_init_draft(path: str, target) -> Eagle3DraftModel:
     """An existing draft to continue from (``draft.init_from``): it must fit the target."""
     draft = Eagle3DraftModel.from_pretrained(path, target=target)  # checks the fit, shares the target's embedding
@@ -280,6 +308,7 @@ def train(recipe: dict, resume: bool = False) -> Path:
     if size is not None and not 0 < size <= vocab_size:
         raise ValueError(f"draft.draft_vocab_size={size} must be in 1..{vocab_size} (the target vocabulary)")
     init = load_init_draft(d["init_from"], target) if d["init_from"] else None
+    earlier = earlier_stages(d["init_from"]) if d["init_from"] else []  # read now: output_dir may be init_from
     if init is not None and size != init.config.draft_vocab_size and accelerator.is_main_process:
         print(f"[vocab] draft.init_from keeps its own vocabulary of {init.config.draft_vocab_size} tokens "
               f"(draft.draft_vocab_size={size} is not used)")
@@ -441,6 +470,7 @@ def train(recipe: dict, resume: bool = False) -> Path:
             "acceptance": {k: final.get(k) for k in ("step", "loss", "step_accuracy", "chain_acceptance", "expected_acceptance_length")},
             "eval_history": history,
             "wall_time_s": round(wall, 1),
+            "earlier_stages": earlier,  # the training of draft.init_from, oldest first
         }
         export_draft(model, out_dir, metrics=metrics, state_dict=state_dict)
         if not recipe["lora"]["enabled"]:
