@@ -115,8 +115,8 @@ class OfflineFeatures:
                     continue
                 tensors = {}
                 rows = ds.select(range(s * self.shard_size, min(len(ds), (s + 1) * self.shard_size)))
-                lengths = [len(x) for x in rows["input_ids"]]
-                order = sorted(range(len(rows)), key=lambda r: lengths[r])  # batches of similar lengths: less padding
+                row_lengths = [len(x) for x in rows["input_ids"]]
+                order = sorted(range(len(rows)), key=lambda r: row_lengths[r])  # batches of similar lengths: less padding
                 for b in range(0, len(rows), self.batch_size):
                     batch = rows.select(order[b:b + self.batch_size])
                     lengths = [len(x) for x in batch["input_ids"]]
