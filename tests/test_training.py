@@ -39,6 +39,7 @@ from eagle3_hub.training.data import (  # noqa: E402
     build_conversations,
     load_source,
     normalise_example,
+    prompt_key,
     render_with_mask,
     source_spec,
     tokenize_dataset,
@@ -46,7 +47,7 @@ from eagle3_hub.training.data import (  # noqa: E402
 )
 from eagle3_hub.training.features import OfflineFeatures, aux_features  # noqa: E402
 from eagle3_hub.training.recipe import load_recipe, parse_overrides  # noqa: E402
-from eagle3_hub.training.train import LengthGroupedBatches, collate, run, train  # noqa: E402
+from eagle3_hub.training.train import LengthGroupedBatches, collate, held_out_split, run, train  # noqa: E402
 from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss  # noqa: E402
 from eagle3_hub.training.vocab import coverage_table, select_draft_vocab, token_counts  # noqa: E402
 
@@ -252,6 +253,39 @@ def test_self_synthesis_and_regeneration_resume_from_their_caches(tmp_path, tiny
     # another synthesis seed writes other prompts, to a cache of its own
     other = build_conversations([], **{**kw, "synthesize_seed": 7, "synthesize": 2})
     assert (tmp_path / "synth-seed7.jsonl").exists() and len(other) == 2
+    # openers start the prompts in turn and get a cache of their own
+    openers = ["Write a poem", "Solve the puzzle"]  # each >= 10 characters: no prompt is rejected
+    steered = build_conversations([], **{**kw, "synthesize_seed": 7, "synthesize": 4, "synthesize_openers": openers})
+    caches = {p.name for p in tmp_path.glob("synth-seed7-openers-*.jsonl")}
+    assert len(caches) == 1 and len(steered) == 4
+    written = [json.loads(line)["prompt"] for line in open(tmp_path / caches.pop())]
+    assert written[0].startswith("Write a poem ") and written[1].startswith("Solve the puzzle ")
+    assert all(w.startswith(("Write a poem ", "Solve the puzzle ")) for w in written) and len(set(written)) == 4
+    assert sorted(ex["messages"][0]["content"] for ex in steered) == sorted(written)
+
+
+def test_held_out_samples_come_from_sources_no_earlier_stage_trained_on(tmp_path, tiny_target_dir, data_dir):
+    target, tok = load_target(str(tiny_target_dir))
+    kw = dict(target=target, tokenizer=tok, work_dir=tmp_path, regenerate_responses=False)
+    earlier = {"path": str(data_dir / "sharegpt.jsonl"), "eval": False}
+    new = {"path": str(data_dir / "prompts.json")}
+    convs = build_conversations([earlier, new], **kw)
+    old_prompts = {prompt_key(m) for m in load_source(str(data_dir / "sharegpt.jsonl"))["messages"]}
+    assert list(convs["eval_ok"]) == [prompt_key(m) not in old_prompts for m in convs["messages"]]
+    assert 0 < sum(convs["eval_ok"]) < len(convs)
+    rows = Dataset.from_list([{"index": i, "eval_ok": ok} for i, ok in enumerate(convs["eval_ok"])])
+    split = held_out_split(rows, eval_samples=4, seed=0)
+    assert "eval_ok" not in split["test"].column_names and len(split["test"]) == min(4, max(1, len(rows) // 10))
+    assert all(convs["eval_ok"][i] for i in split["test"]["index"])
+    assert sorted(list(split["train"]["index"]) + list(split["test"]["index"])) == list(range(len(rows)))
+    assert list(held_out_split(rows, 4, seed=0)["test"]["index"]) == list(split["test"]["index"])  # seeded
+    with pytest.raises(DataError, match="Every data source is marked `eval: false`"):
+        held_out_split(rows.map(lambda ex: {"eval_ok": False}), 4, seed=0)
+    # no source marked: the split is the plain seeded one of earlier releases
+    plain = build_conversations([new], **kw)
+    assert all(plain["eval_ok"])
+    rows = Dataset.from_list([{"index": i, "eval_ok": True} for i in range(len(plain))])
+    assert list(held_out_split(rows, 2, 0)["test"]["index"]) == list(rows.train_test_split(test_size=1, seed=0)["test"]["index"])
 
 
 # ----------------------------------------------------------------------------------------------- vocabulary
@@ -783,7 +817,7 @@ def test_short_real_run_on_smollm2(tmp_path):
     })
     out = train(recipe)
     metrics = json.loads((out / "training_metrics.json").read_text())
-    assert metrics["data"] == {"samples": 8, "truncated": 0, "dropped_no_loss_tokens": 0, "kept": 8, "train": 7, "eval": 1}
+    assert metrics["data"] == {"samples": 8, "truncated": 0, "dropped_no_loss_tokens": 0, "kept": 8, "eval_candidates": 8, "train": 7, "eval": 1}
     assert metrics["vocab"]["coverage"] == 1.0 and metrics["acceptance"]["step"] == 3
     assert len(metrics["acceptance"]["step_accuracy"]) == 3
     config = json.loads((out / "config.json").read_text())

@@ -111,13 +111,18 @@ def load_source(source: str | dict, split: str = "train", max_samples: int | Non
     return ds
 
 
+def prompt_key(messages: list[dict]) -> str:
+    """What makes two conversations the same for dedupe: the first user turn, whitespace and case folded."""
+    first = next((m["content"] for m in messages if m["role"] == "user"), "")
+    return hashlib.sha1(" ".join(first.split()).lower().encode()).hexdigest()
+
+
 def dedupe(ds: Dataset) -> Dataset:
     """Drop samples whose first user turn was seen before."""
     seen = set()
 
     def keep(ex):
-        first = next((m["content"] for m in ex["messages"] if m["role"] == "user"), "")
-        key = hashlib.sha1(" ".join(first.split()).lower().encode()).hexdigest()
+        key = prompt_key(ex["messages"])
         if key in seen:
             return False
         seen.add(key)
@@ -129,9 +134,9 @@ def dedupe(ds: Dataset) -> Dataset:
 # ---------------------------------------------------------------------------------------------- generation
 @torch.no_grad()
 def _generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_tokens: int, temperature: float,
-                    add_generation_prompt: bool = True, raw_prefix: str | None = None) -> list[str]:
-    if raw_prefix is not None:
-        texts = [raw_prefix] * len(conversations)
+                    add_generation_prompt: bool = True, raw_prefixes: list[str] | None = None) -> list[str]:
+    if raw_prefixes is not None:
+        texts = raw_prefixes
     else:
         texts = [tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False) for c in conversations]
     tokenizer.padding_side = "left"
@@ -195,9 +200,13 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
 
 
 def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Path, seed: int = 0,
-                       max_new_tokens: int = 96, temperature: float = 1.0, batch_size: int = 16) -> Dataset:
+                       max_new_tokens: int = 96, temperature: float = 1.0, batch_size: int = 16,
+                       openers: list[str] | None = None) -> Dataset:
     """Magpie-style self-synthesis: feed the chat template's *user prefix* alone and let the target write
-    the user's message. Resumable through ``cache_path`` (jsonl)."""
+    the user's message. Resumable through ``cache_path`` (jsonl).
+
+    ``openers`` (e.g. ``["Write", "Explain", "Pretend you are"]``) start the user's message, in turn: a small
+    target left alone mostly asks for advice, an opener steers it to other kinds of request."""
     prefix = user_prefix(tokenizer)
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -216,10 +225,12 @@ def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Pa
             if attempts >= max_attempts:
                 raise DataError(f"The target wrote {len(prompts)} usable prompts in {attempts} tries (10..2000 characters "
                                 f"wanted): it cannot self-synthesise; give `data.sources` instead.")
+            starts = [openers[(len(prompts) + j) % len(openers)].strip() + " " if openers else "" for j in range(batch_size)]
             attempts += batch_size
-            outs = _generate_batch(target, tokenizer, [None] * batch_size, max_new_tokens, temperature, raw_prefix=prefix)
-            for text in outs:
-                text = text.split("<|im_end|>")[0].strip()
+            outs = _generate_batch(target, tokenizer, [None] * batch_size, max_new_tokens, temperature,
+                                   raw_prefixes=[prefix + s.rstrip() for s in starts])
+            for start, text in zip(starts, outs):
+                text = (start + text.split("<|im_end|>")[0]).strip()
                 if 10 <= len(text) <= 2000 and len(prompts) < num_prompts:
                     prompts.append(text)
                     f.write(json.dumps({"prompt": text}) + "\n")
@@ -270,7 +281,8 @@ def tokenize_dataset(ds: Dataset, tokenizer, max_length: int, num_proc: int | No
         raise DataError("The tokenizer has no chat template: set `chat_template` in the recipe or use a chat model.")
     # datasets hashes module functions by name: name the code, the tokenizer and the length in the cache key
     fingerprint = Hasher.hash((ds._fingerprint, inspect.getsource(render_with_mask), tokenizer, max_length))
-    out = ds.map(lambda ex: render_with_mask(tokenizer, ex["messages"], max_length), remove_columns=ds.column_names,
+    out = ds.map(lambda ex: render_with_mask(tokenizer, ex["messages"], max_length),
+                 remove_columns=[c for c in ds.column_names if c != "eval_ok"],
                  num_proc=num_proc, desc="tokenise", new_fingerprint=fingerprint)
     n_trunc = sum(out["truncated"])
     kept = out.filter(lambda ex: sum(ex["loss_mask"]) >= min_loss_tokens, desc="drop samples without loss tokens")
@@ -284,27 +296,37 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
                         synthesize: int = 0, regenerate_responses: bool = True, max_new_tokens: int = 384,
                         temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1,
                         min_chars: int = 1, max_chars: int = 20000, strip_patterns: list[str] | None = None,
-                        synthesize_seed: int | None = None) -> Dataset:
+                        synthesize_seed: int | None = None, synthesize_openers: list[str] | None = None) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
     answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes.
 
     A source given as ``{path, regenerate: false}`` keeps its answers whatever ``regenerate_responses`` says:
-    for data this target has already answered (an earlier run's ``regen-*.jsonl``)."""
+    for data this target has already answered (an earlier run's ``regen-*.jsonl``). One given with ``eval: false``
+    never goes to the held-out split (data an earlier stage trained on): the returned ``eval_ok`` column says
+    which samples may."""
     work_dir = Path(work_dir)
     fresh, kept = [], []  # answered by the target here / kept as they are
+    trained_before = set()  # prompt keys of the `eval: false` sources
     for src in sources:
         spec = {"path": src} if isinstance(src, str) else dict(src)
         n = spec.pop("max_samples", None)
         own = spec.pop("regenerate", None)
+        eval_ok = spec.pop("eval", True)
         ds = load_source(spec)
         if n:
             ds = ds.shuffle(seed=seed).select(range(min(n, len(ds))))
+        if eval_ok is False:
+            trained_before.update(prompt_key(m) for m in ds["messages"])
         (kept if own is False or (own is None and not regenerate_responses) else fresh).append(ds)
     if synthesize:
         sseed = seed if synthesize_seed is None else synthesize_seed
-        synth = synthesize_prompts(target, tokenizer, synthesize, work_dir / f"synth-seed{sseed}.jsonl", seed=sseed)
+        name = f"synth-seed{sseed}"
+        if synthesize_openers:  # other openers, other prompts: their own cache
+            name += "-openers-" + hashlib.sha1(json.dumps(synthesize_openers).encode()).hexdigest()[:8]
+        synth = synthesize_prompts(target, tokenizer, synthesize, work_dir / f"{name}.jsonl", seed=sseed,
+                                   openers=synthesize_openers)
         if not regenerate_responses:  # the dataset's answers are kept, but synthesised prompts have none yet
-            synth = regenerate(synth, target, tokenizer, work_dir / f"answers-synth-seed{sseed}-{synthesize}-{max_new_tokens}.jsonl",
+            synth = regenerate(synth, target, tokenizer, work_dir / f"answers-{name}-{synthesize}-{max_new_tokens}.jsonl",
                                max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size)
             kept.append(synth)
         else:
@@ -344,8 +366,9 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
                               temperature=temperature, batch_size=batch_size, max_turns=max_turns))
     if kept:
         out.append(clean(kept))
-    return out[0] if len(out) == 1 else dedupe(concatenate_datasets(out)).shuffle(seed=seed).flatten_indices()
+    ds = out[0] if len(out) == 1 else dedupe(concatenate_datasets(out)).shuffle(seed=seed).flatten_indices()
+    return ds.add_column("eval_ok", [prompt_key(m) not in trained_before for m in ds["messages"]])
 
 
-__all__ = ["PRESETS", "DataError", "normalise_example", "source_spec", "load_source", "dedupe", "regenerate", "synthesize_prompts",
+__all__ = ["PRESETS", "DataError", "normalise_example", "source_spec", "load_source", "dedupe", "regenerate", "synthesize_prompts", "prompt_key",
            "user_prefix", "render_with_mask", "tokenize_dataset", "build_conversations"]

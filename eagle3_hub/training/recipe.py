@@ -23,6 +23,7 @@ DEFAULTS: dict = {
         "sources": [],  # Hub ids, presets (sharegpt, ultrachat) or local json/jsonl/parquet, optionally {path, max_samples}
         "synthesize": 0,  # Magpie-style prompts written by the target itself
         "synthesize_seed": None,  # seed of those prompts (default: train.seed); another seed gives other prompts
+        "synthesize_openers": [],  # words that start the synthesised prompts, in turn (steer the kinds of request)
         "regenerate": True,  # answer every prompt with the target (a draft must learn the target's distribution)
         "max_new_tokens": 384,
         "temperature": 0.0,

@@ -13,6 +13,7 @@ import argparse
 import json
 import math
 import os
+import random
 import shutil
 import sys
 import time
@@ -21,7 +22,7 @@ from pathlib import Path
 import torch
 from accelerate import Accelerator
 from accelerate.utils import set_seed
-from datasets import load_from_disk
+from datasets import Dataset, DatasetDict, load_from_disk
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
@@ -87,6 +88,24 @@ def data_key(recipe: dict, tokenizer) -> dict:
             "tokenizer": getattr(tokenizer, "name_or_path", None)}
 
 
+def held_out_split(tok: Dataset, eval_samples: int, seed: int) -> DatasetDict:
+    """Train/held-out split: ``eval_samples`` (at most a tenth of the data, at least one), drawn from the samples
+    whose ``eval_ok`` is true only (the others come from `eval: false` sources, which an earlier stage trained on)."""
+    n_eval = min(eval_samples, max(1, len(tok) // 10))
+    if "eval_ok" not in tok.column_names:
+        return tok.train_test_split(test_size=n_eval, seed=seed)
+    eligible = [i for i, ok in enumerate(tok["eval_ok"]) if ok]
+    if len(eligible) == len(tok):
+        split = tok.train_test_split(test_size=n_eval, seed=seed)
+    elif not eligible:
+        raise DataError("Every data source is marked `eval: false`: leave at least one source (or `data.synthesize`) "
+                        "without it, so that the held-out split has samples no stage trained on.")
+    else:
+        held = set(random.Random(seed).sample(eligible, min(n_eval, len(eligible))))
+        split = DatasetDict(train=tok.select([i for i in range(len(tok)) if i not in held]), test=tok.select(sorted(held)))
+    return split.remove_columns("eval_ok")
+
+
 def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
     """Conversations -> tokenised train/eval splits, saved under work_dir/data (reruns reuse them)."""
     work = Path(recipe["work_dir"]) / "data"
@@ -103,14 +122,13 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
             d["sources"], target, tokenizer, work, seed=recipe["train"]["seed"], synthesize=d["synthesize"],
             regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
             batch_size=d["gen_batch_size"], max_turns=d["max_turns"], strip_patterns=d["strip_patterns"],
-            synthesize_seed=d["synthesize_seed"],
+            synthesize_seed=d["synthesize_seed"], synthesize_openers=d["synthesize_openers"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
         if len(tok) < 2:
             raise DataError(f"Only {len(tok)} usable sample(s) ({report}): training needs at least 2 (train + held-out).")
         tok = tok.add_column("index", list(range(len(tok))))
-        n_eval = min(d["eval_samples"], max(1, len(tok) // 10))
-        split = tok.train_test_split(test_size=n_eval, seed=recipe["train"]["seed"])
+        split = held_out_split(tok, d["eval_samples"], recipe["train"]["seed"])
         tmp = work / "tokenized.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         split.save_to_disk(str(tmp))
@@ -120,6 +138,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
             os.replace(final, old)
         os.replace(tmp, final)
         shutil.rmtree(old, ignore_errors=True)
+        report["eval_candidates"] = sum(tok["eval_ok"])  # samples of no `eval: false` source
         atomic_write_json(work / "data_report.json", {**report, "train": len(split["train"]), "eval": len(split["test"])})
         atomic_write_json(key_path, key)
         print(f"[data] {report}; train {len(split['train'])}, eval {len(split['test'])}")
