@@ -404,6 +404,9 @@ def training_info_from_metrics(metrics: dict) -> dict:
             info["eval: expected acceptance length"] = round(float(last["expected_acceptance_length"]), 3)
         if last.get("step_accuracy"):
             info["eval: accuracy per draft step"] = " / ".join(f"{a:.2f}" for a in last["step_accuracy"])
+        first = history[0]
+        if earlier and first.get("step") == 0 and first.get("expected_acceptance_length") is not None:
+            info["eval: the draft it continued (step 0)"] = round(float(first["expected_acceptance_length"]), 3)
     return {k: v for k, v in info.items() if v not in (None, [], "")}
 
 

@@ -163,11 +163,13 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     # a draft continued from an earlier one: the earlier training is on the card too
     recipe["draft"]["init_from"] = "runs/stage1/draft"
     metrics["earlier_stages"] = [{"steps": 440, "batch_size": 4, "training_samples": 1288, "wall_time_s": 3692.7}]
+    metrics["eval_history"].insert(0, {"step": 0, "loss": 2.4, "expected_acceptance_length": 1.5, "step_accuracy": [0.4, 0.2]})
     (draft / "training_metrics.json").write_text(json.dumps(metrics))
     card = ModelCard.load(write_model_card(draft))
     assert "| continued from | runs/stage1/draft |" in card.text
     assert "| earlier training | 440 steps x 4 on 1288 conversations (62 min) |" in card.text
     assert "| optimizer steps, all stages | 560 |" in card.text
+    assert "| eval: the draft it continued (step 0) | 1.5 |" in card.text and "| eval: expected acceptance length | 1.8 |" in card.text
 
 
 # ----------------------------------------------------------------------------------------- push

@@ -603,6 +603,8 @@ def test_lora_mode_saves_an_adapter_loadable_as_a_peft_model_of_the_draft(tmp_pa
     base_metrics = json.loads((base_dir / "training_metrics.json").read_text())
     (stage,) = metrics["earlier_stages"]  # the lineage: the run that trained init_from
     assert stage["steps"] == base_metrics["steps"] > 0 and stage["training_samples"] == base_metrics["data"]["train"]
+    # the draft it continued is scored on this run's held-out split first, then the trained one
+    assert [h["step"] for h in metrics["eval_history"]] == [0, 3, 4]
 
     target, _ = load_target(str(tiny_target_dir))
     base = Eagle3DraftModel.from_pretrained(base_dir, target=target, dtype=torch.float32)

@@ -415,9 +415,22 @@ def train(recipe: dict, resume: bool = False) -> Path:
         for stale in ckpt_root.glob(".tmp-step-*"):  # a checkpoint whose writing was killed
             shutil.rmtree(stale, ignore_errors=True)
 
+    eval_path = work / "eval_metrics.json"
+
+    def run_eval(at_step: int) -> None:
+        m = evaluate(draft, target, eval_loader, recipe, get_features, accelerator)
+        history.append({"step": at_step, **m})
+        accelerator.log({"eval/loss": m["loss"], "eval/acceptance_length": m["expected_acceptance_length"],
+                         **{f"eval/acc_{k}": a for k, a in enumerate(m["step_accuracy"])}}, step=at_step)
+        accelerator.print(f"[eval] step {at_step}: loss {m['loss']:.3f}, expected acceptance length "
+                          f"{m['expected_acceptance_length']:.2f}, step accuracy " + " ".join(f"{a:.2f}" for a in m["step_accuracy"]))
+        if accelerator.is_main_process:
+            atomic_write_json(eval_path, {"eval_history": history})
+
+    if init is not None and step == 0:  # a continued draft: its score on this held-out split before any step
+        run_eval(0)
     bar = tqdm(total=total_steps, initial=step, desc="train", unit="step", disable=not accelerator.is_local_main_process)
     tokens_seen, t0 = 0, time.time()
-    eval_path = work / "eval_metrics.json"
     while step < total_steps:
         if hasattr(train_loader, "set_epoch"):
             train_loader.set_epoch(epoch)
@@ -450,15 +463,7 @@ def train(recipe: dict, resume: bool = False) -> Path:
                 bar.set_postfix(loss=f"{logs['loss']:.3f}", acc0=f"{acc0:.2f}", tok_s=f"{logs['tokens_per_s']:.0f}")
                 accelerator.log(logs, step=step)
             if step % t["eval_every"] == 0 or step == total_steps:
-                m = evaluate(draft, target, eval_loader, recipe, get_features, accelerator)
-                history.append({"step": step, **m})
-                accelerator.log({"eval/loss": m["loss"], "eval/acceptance_length": m["expected_acceptance_length"],
-                                 **{f"eval/acc_{k}": a for k, a in enumerate(m["step_accuracy"])}}, step=step)
-                accelerator.print(f"[eval] step {step}: loss {m['loss']:.3f}, expected acceptance length "
-                                  f"{m['expected_acceptance_length']:.2f}, step accuracy "
-                                  + " ".join(f"{a:.2f}" for a in m["step_accuracy"]))
-                if accelerator.is_main_process:
-                    atomic_write_json(eval_path, {"eval_history": history})
+                run_eval(step)
             if step % t["save_every"] == 0 or step == total_steps:
                 save_checkpoint(accelerator, ckpt_root, step, {"step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
                                                                 "eval_history": history,
