@@ -3,6 +3,7 @@
 # quality goal, first turns, 256 new tokens, plain vs assisted vs tree in one run. ~12 min.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE
+export OMP_NUM_THREADS=2
+unset OMP_WAIT_POLICY  # PASSIVE makes a multi-token forward ~1.7x slower here (diagnostics/omp_wait_policy.sh)
 eagle3-hub bench --suite mt_bench,humaneval,gsm8k --bench-dir "${BENCH_DIR:-../shared/benchmarks}" --num-questions 3 \
   --max-turns 1 --max-new-tokens 256 --methods plain,assisted,tree --out results/smollm2-135m-instruct/bench "$@"

@@ -4,7 +4,8 @@
 # that run_bench.sh measures (the first ones of each suite). ~5 min on the 2-core CPU.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-export OMP_NUM_THREADS=2 OMP_WAIT_POLICY=PASSIVE
+export OMP_NUM_THREADS=2
+unset OMP_WAIT_POLICY  # PASSIVE makes a multi-token forward ~1.7x slower here (diagnostics/omp_wait_policy.sh)
 eagle3-hub bench --suite results/smollm2-135m-instruct/sweep_questions.jsonl --max-turns 1 --max-new-tokens 128 \
   --methods plain,tree --sweep --depth 3,4,5 --tree-top-k 3,4 --total-tokens 6,8,12 \
   --out results/smollm2-135m-instruct/sweep "$@"
