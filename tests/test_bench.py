@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -371,3 +372,15 @@ def test_smollm2_chat_bench_is_lossless(tmp_path):
     assert len(turn2) == 3
     for m, r in turn2.items():  # system prompt + turn 1 + its answer + turn 2
         assert r["prompt_tokens"] > turn1[m]["prompt_tokens"] + turn1[m]["new_tokens"]
+
+
+def test_machine_info_records_the_thread_settings_that_change_cpu_timings(monkeypatch):
+    for k in [k for k in os.environ if k.startswith(("OMP_", "KMP_", "MKL_", "GOMP_"))]:
+        monkeypatch.delenv(k)
+    plain = bench.machine_info(torch.device("cpu"), torch.float32)
+    assert "threading_env" not in plain and "OMP_WAIT_POLICY" not in bench.describe_machine(plain)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    info = bench.machine_info(torch.device("cpu"), torch.float32)
+    assert info["threading_env"] == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
+    assert "OMP_WAIT_POLICY=PASSIVE, float32" in bench.describe_machine(info)

@@ -201,6 +201,10 @@ def machine_info(device: torch.device, dtype: torch.dtype | None = None) -> dict
         "device": str(device),
         "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
     }
+    # thread settings change CPU timings a lot (OMP_WAIT_POLICY=PASSIVE: a 9-token forward ~1.7x slower here)
+    threading_env = {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "KMP_", "MKL_", "GOMP_"))}
+    if threading_env:
+        info["threading_env"] = dict(sorted(threading_env.items()))
     try:
         info["memory_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
     except (ValueError, OSError, AttributeError):
@@ -220,6 +224,8 @@ def describe_machine(machine: dict) -> str:
     else:
         n = machine.get("torch_threads") or machine.get("cpu_cores")
         where = f"{machine.get('cpu', 'CPU')} ({n} thread{'s' if n != 1 else ''})"
+    policy = (machine.get("threading_env") or {}).get("OMP_WAIT_POLICY")
+    where += f", OMP_WAIT_POLICY={policy}" if policy and not machine.get("gpu") else ""
     return f"{where}, {machine.get('dtype')}, torch {machine.get('torch')}, transformers {machine.get('transformers')}"
 
 
