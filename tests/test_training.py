@@ -739,6 +739,8 @@ def foreign_draft(tmp_path_factory):
     ("foreign_draft", "does not fit|vocabulary of 256"),
     ("unknown_key", "Unknown recipe key `train.learning_rate`"),
     ("zero_steps", r"train\.ttt_steps=0"),
+    ("openers_not_a_list", "data.synthesize_openers must be a list of strings"),
+    ("eval_not_a_bool", "`eval` of the data source .* must be true or false"),
 ])
 def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tiny_target_dir, data_dir,
                                                     no_template_target, foreign_draft, capsys):
@@ -755,13 +757,16 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tin
         sources = []
     elif case == "no_template":
         target = no_template_target
+    elif case == "eval_not_a_bool":
+        sources = [{"path": str(data_dir / "sharegpt.jsonl"), "eval": "no"}]
     else:
         extra = {"vocab_too_large": ["--draft.draft_vocab_size", "100000"],
                  "aux_out_of_range": ["--draft.aux_layer_ids", "[0, 1, 7]"],
                  "lora_without_draft": ["--lora.enabled", "true"],
                  "foreign_draft": ["--draft.init_from", str(foreign_draft)],
                  "unknown_key": ["--train.learning_rate", "0.1"],
-                 "zero_steps": ["--train.ttt_steps", "0"]}[case]
+                 "zero_steps": ["--train.ttt_steps", "0"],
+                 "openers_not_a_list": ["--data.synthesize_openers", "Write"]}[case]
     recipe = recipe_for(tmp_path, target, sources)
     config = write_recipe(tmp_path / "recipe.yaml", recipe)
     assert run_cli(config, *extra) == 2

@@ -235,6 +235,12 @@ def check_recipe(recipe: dict) -> None:
         raise ValueError(f"draft.draft_vocab_size must be a positive integer or null, got {d['draft_vocab_size']!r}")
     if not data["sources"] and not data["synthesize"]:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
+    openers = data["synthesize_openers"]
+    if not isinstance(openers, list) or not all(isinstance(o, str) for o in openers):
+        raise ValueError(f"data.synthesize_openers must be a list of strings (e.g. [\"Write\", \"Explain\", \"\"]), got {openers!r}")
+    for src in data["sources"]:
+        if isinstance(src, dict) and not isinstance(src.get("eval", True), bool):
+            raise ValueError(f"`eval` of the data source {src.get('path')!r} must be true or false, got {src['eval']!r}")
 
 
 @torch.no_grad()
