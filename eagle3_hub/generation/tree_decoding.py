@@ -79,11 +79,13 @@ from transformers.utils import ModelOutput
 
 # Tree shape per device type: depth (draft levels), top_k (children per expanded node), total_tokens (tree
 # nodes verified per target forward, root excluded).
-# CPU: a verification is compute-bound and its cost grows with every token (SmolLM2-135M fp32, 1 thread:
-# 1 token 71 ms, 5: 124, 9: 139, 17: 196, 33: 229, 65: 363), and one draft level costs ~10% of a one-token
-# target forward: small, shallow trees. Sweep with the SmolLM2 reference draft (results/smollm2-135m-instruct/
-# sweep/, 18 shapes, depth 3-5): depth 3 / top-k 4 / 8 nodes was the fastest; deeper levels are almost never
-# accepted by that draft (acceptance at draft position 3: 0.00). Re-tune a better draft with run_sweep.sh.
+# CPU: a one-token forward is memory-bound, and up to ~16 tokens cost about 1.5x one (SmolLM2-135M fp32, 2
+# threads, default OpenMP wait policy: 1 token 72 ms, 4: 107, 9: 108); one draft level costs ~5-7% of a
+# one-token forward: small, shallow trees. Sweep with the stage-3 SmolLM2 reference draft on two held-out
+# MT-bench questions (results/smollm2-135m-instruct/sweep/, 12 shapes, depth 2-3, top-k 4/6, 8-16 nodes): all
+# within noise (0.75-0.79x there, acceptance ~1.5). On the benchmark suites depth 3 / top-k 4 / 8 nodes beat
+# depth 2 / top-k 6 / 12 (1.05x against 0.94x plain: the third level pays on predictable text such as GSM8K).
+# Re-tune a better draft with run_sweep.sh.
 # CUDA: verification is flat up to 128 tokens on an H200 (eager, launch-bound: results/cuda-h200/): the
 # EAGLE-2/3 reference trees.
 TREE_DEFAULTS: dict[str, dict[str, int]] = {
