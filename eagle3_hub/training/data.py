@@ -225,12 +225,12 @@ def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Pa
             if attempts >= max_attempts:
                 raise DataError(f"The target wrote {len(prompts)} usable prompts in {attempts} tries (10..2000 characters "
                                 f"wanted): it cannot self-synthesise; give `data.sources` instead.")
-            starts = [openers[(len(prompts) + j) % len(openers)].strip() + " " if openers else "" for j in range(batch_size)]
+            starts = [openers[(len(prompts) + j) % len(openers)].strip() if openers else "" for j in range(batch_size)]
             attempts += batch_size
             outs = _generate_batch(target, tokenizer, [None] * batch_size, max_new_tokens, temperature,
-                                   raw_prefixes=[prefix + s.rstrip() for s in starts])
+                                   raw_prefixes=[prefix + start for start in starts])
             for start, text in zip(starts, outs):
-                text = (start + text.split("<|im_end|>")[0]).strip()
+                text = (start + " " + text.split("<|im_end|>")[0]).strip()
                 if 10 <= len(text) <= 2000 and len(prompts) < num_prompts:
                     prompts.append(text)
                     f.write(json.dumps({"prompt": text}) + "\n")

@@ -92,9 +92,8 @@ def held_out_split(tok: Dataset, eval_samples: int, seed: int) -> DatasetDict:
     """Train/held-out split: ``eval_samples`` (at most a tenth of the data, at least one), drawn from the samples
     whose ``eval_ok`` is true only (the others come from `eval: false` sources, which an earlier stage trained on)."""
     n_eval = min(eval_samples, max(1, len(tok) // 10))
-    if "eval_ok" not in tok.column_names:
-        return tok.train_test_split(test_size=n_eval, seed=seed)
-    eligible = [i for i, ok in enumerate(tok["eval_ok"]) if ok]
+    flags = tok["eval_ok"] if "eval_ok" in tok.column_names else [True] * len(tok)
+    eligible = [i for i, ok in enumerate(flags) if ok]
     if len(eligible) == len(tok):
         split = tok.train_test_split(test_size=n_eval, seed=seed)
     elif not eligible:
@@ -103,7 +102,7 @@ def held_out_split(tok: Dataset, eval_samples: int, seed: int) -> DatasetDict:
     else:
         held = set(random.Random(seed).sample(eligible, min(n_eval, len(eligible))))
         split = DatasetDict(train=tok.select([i for i in range(len(tok)) if i not in held]), test=tok.select(sorted(held)))
-    return split.remove_columns("eval_ok")
+    return split.remove_columns([c for c in ("eval_ok",) if c in tok.column_names])
 
 
 def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
