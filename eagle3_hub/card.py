@@ -382,6 +382,9 @@ def training_info_from_metrics(metrics: dict) -> dict:
         "max length (tokens)": data.get("max_length"),
         "draft vocabulary": vocab.get("draft_vocab_size"),
         "loss tokens covered by the draft vocabulary": f"{vocab['coverage']:.1%}" if vocab.get("coverage") is not None else None,
+        "vocabulary chosen anew": (f"{vocab['remap']['carried_over']} rows carried over, {vocab['remap']['new']} new, "
+                                   f"{vocab['remap']['dropped']} dropped (the continued draft's covered "
+                                   f"{vocab['init_from_coverage']:.1%})") if vocab.get("remap") else None,
         "epochs": train.get("epochs"),
         "optimizer steps": metrics.get("steps"),
         "batch size": (train.get("batch_size") or 0) * (train.get("grad_accum") or 1) or None,

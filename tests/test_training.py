@@ -49,7 +49,7 @@ from eagle3_hub.training.features import OfflineFeatures, aux_features  # noqa: 
 from eagle3_hub.training.recipe import load_recipe, parse_overrides  # noqa: E402
 from eagle3_hub.training.train import LengthGroupedBatches, collate, held_out_split, run, train  # noqa: E402
 from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss  # noqa: E402
-from eagle3_hub.training.vocab import coverage_table, select_draft_vocab, token_counts  # noqa: E402
+from eagle3_hub.training.vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts  # noqa: E402
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
@@ -300,6 +300,8 @@ def test_draft_vocabulary_is_the_most_frequent_loss_tokens():
     assert ids.tolist() == [7, 9, 11] and coverage == pytest.approx(5 / 7)
     ids, coverage = select_draft_vocab(counts, 4)
     assert ids.tolist() == [1, 5, 7, 9] and coverage == 1.0  # ties broken by id: deterministic
+    assert select_draft_vocab(counts, 5, prefer=torch.tensor([10, 4]))[0].tolist() == [1, 4, 5, 7, 9]  # wins ties only
+    assert select_draft_vocab(counts, 2, prefer=torch.tensor([1, 5]))[0].tolist() == [7, 9]
     assert coverage_table(counts, sizes=(1, 2, 12, 50)) == {1: 3 / 7, 2: 5 / 7, 12: 1.0}
     with pytest.raises(ValueError, match="must be in 1..12"):
         select_draft_vocab(counts, 13)
@@ -309,6 +311,34 @@ def test_draft_vocabulary_is_the_most_frequent_loss_tokens():
     draft.set_vocab_mapping(ids)
     assert draft.draft_to_target_ids(torch.arange(4)).tolist() == [1, 5, 7, 9]
     assert draft.t2d.nonzero().flatten().tolist() == [1, 5, 7, 9] and draft.t2d.numel() == 256
+
+
+def test_a_new_vocabulary_keeps_the_rows_of_shared_tokens_and_maps_new_ones_from_the_target():
+    torch.manual_seed(0)
+    target = make_tiny_target("llama")  # vocabulary 256, hidden 64
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=120)
+    old_ids = torch.arange(0, 240, 2)  # even ids
+    draft.set_vocab_mapping(old_ids)
+    head_t = target.get_output_embeddings().weight.detach()
+    fit = torch.randn(64, 64)
+    with torch.no_grad():  # a draft whose rows are a linear image of the target's: the map must be found again
+        draft.lm_head.weight.copy_(head_t[old_ids] @ fit)
+    aux = torch.randn(1, 5, 3 * 64)
+    ids = torch.tensor([[3, 4, 5, 6, 7]])
+    with torch.no_grad():
+        before = draft(input_ids=ids, target_hidden_states=aux).logits  # (1, 5, 120) over old_ids
+    new_ids = torch.cat([torch.arange(0, 200, 2), torch.arange(1, 81, 2)]).sort().values  # 100 kept, 40 new, 20 dropped
+    counts = remap_draft_vocab(draft, new_ids, head_t)
+    assert counts == {"carried_over": 100, "new": 40, "dropped": 20}
+    assert draft.config.draft_vocab_size == 140 and draft.lm_head.weight.shape == (140, 64)
+    assert torch.equal(draft.draft_to_target_ids(torch.arange(140)), new_ids)
+    assert draft.t2d.sum() == 140 and draft.t2d[new_ids].all()
+    with torch.no_grad():
+        after = draft(input_ids=ids, target_hidden_states=aux).logits
+    shared_old = (new_ids[new_ids % 2 == 0] // 2)  # their old draft slots
+    assert torch.allclose(after[..., new_ids % 2 == 0], before[..., shared_old], atol=1e-5)  # shared tokens unchanged
+    assert torch.allclose(draft.lm_head.weight[new_ids % 2 == 1], head_t[new_ids[new_ids % 2 == 1]] @ fit, atol=1e-3)
+
 
 
 # ----------------------------------------------------------------------------------------------- TTT
@@ -618,6 +648,30 @@ def test_lora_mode_saves_an_adapter_loadable_as_a_peft_model_of_the_draft(tmp_pa
     assert any(v.abs().sum() > 0 for k, v in adapter.items() if "lora_B" in k)
 
 
+def test_a_continued_draft_can_take_a_new_vocabulary_from_the_data(tmp_path, trained, tiny_target_dir, data_dir):
+    _, base_dir = trained
+    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
+                        draft={"init_from": str(base_dir), "draft_vocab_size": 320, "reselect_vocab": True},
+                        train={"max_steps": 2, "eval_every": 2, "save_every": 2})
+    out = train(recipe)
+    metrics = json.loads((out / "training_metrics.json").read_text())
+    vocab = metrics["vocab"]
+    assert not vocab["from_draft"] and vocab["draft_vocab_size"] == 320
+    assert vocab["remap"]["carried_over"] + vocab["remap"]["new"] == 320
+    assert vocab["coverage"] >= vocab["init_from_coverage"]
+    target, _ = load_target(str(tiny_target_dir))
+    base = Eagle3DraftModel.from_pretrained(base_dir, target=target, dtype=torch.float32)
+    draft = Eagle3DraftModel.from_pretrained(out, target=target, dtype=torch.float32)
+    assert draft.config.draft_vocab_size == 320
+    new_ids = draft.draft_to_target_ids(torch.arange(320))
+    saved = json.loads((Path(recipe["work_dir"]) / "vocab.json").read_text())
+    assert torch.equal(new_ids, torch.tensor(saved["target_ids"]))
+    base_ids = base.draft_to_target_ids(torch.arange(base.config.draft_vocab_size))
+    assert vocab["remap"]["carried_over"] == int(torch.isin(base_ids, new_ids).sum())
+    assert [h["step"] for h in metrics["eval_history"]] == [0, 2]  # the continued draft scored first
+    assert f"{vocab['remap']['carried_over']} rows carried over" in (out / "README.md").read_text()  # the card says so
+
+
 def test_offline_features_match_online_and_train(tmp_path, tiny_target_dir, data_dir, monkeypatch):
     recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], features={"mode": "offline"},
                         train={"max_steps": 3})
@@ -741,6 +795,8 @@ def foreign_draft(tmp_path_factory):
     ("zero_steps", r"train\.ttt_steps=0"),
     ("openers_not_a_list", "data.synthesize_openers must be a list of strings"),
     ("eval_not_a_bool", "`eval` of the data source .* must be true or false"),
+    ("reselect_without_draft", "draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from"),
+    ("reselect_not_a_bool", "draft.reselect_vocab must be true or false"),
 ])
 def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tiny_target_dir, data_dir,
                                                     no_template_target, foreign_draft, capsys):
@@ -766,7 +822,9 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tin
                  "foreign_draft": ["--draft.init_from", str(foreign_draft)],
                  "unknown_key": ["--train.learning_rate", "0.1"],
                  "zero_steps": ["--train.ttt_steps", "0"],
-                 "openers_not_a_list": ["--data.synthesize_openers", "Write"]}[case]
+                 "openers_not_a_list": ["--data.synthesize_openers", "Write"],
+                 "reselect_without_draft": ["--draft.reselect_vocab", "true"],
+                 "reselect_not_a_bool": ["--draft.reselect_vocab", "maybe"]}[case]
     recipe = recipe_for(tmp_path, target, sources)
     config = write_recipe(tmp_path / "recipe.yaml", recipe)
     assert run_cli(config, *extra) == 2

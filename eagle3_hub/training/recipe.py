@@ -15,6 +15,9 @@ DEFAULTS: dict = {
         "aux_layer_ids": None,
         "intermediate_size": None,
         "init_from": None,
+        # with init_from: choose the draft vocabulary anew from this run's data (draft_vocab_size tokens, or the init
+        # draft's size when null) instead of keeping the init draft's; rows of tokens it keeps are carried over
+        "reselect_vocab": False,
         # start the draft's lm_head from the target's (its draft-vocabulary rows, the target's final-norm scale
         # folded in) instead of random: the draft then only learns to land in the target's output space
         "head_from_target": False,

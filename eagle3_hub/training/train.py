@@ -33,7 +33,7 @@ from .data import DataError, build_conversations, tokenize_dataset
 from .features import OfflineFeatures, aux_features
 from .recipe import load_recipe, parse_overrides
 from .ttt import acceptance_metrics, target_logit_positions, ttt_loss
-from .vocab import coverage_table, select_draft_vocab, token_counts
+from .vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -147,25 +147,32 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
 
 
 def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids: torch.Tensor | None = None,
-                  write: bool = True) -> tuple[torch.Tensor, dict]:
+                  reselect: bool = False, write: bool = True) -> tuple[torch.Tensor, dict]:
     """The draft vocabulary (``vocab.json`` in work_dir): the most frequent loss tokens, or ``draft_ids`` (the
-    target ids of an existing draft's vocabulary, ``draft.init_from``), with the coverage either achieves."""
+    target ids of an existing draft's vocabulary, ``draft.init_from``), with the coverage either achieves.
+    ``reselect``: choose anew from this data although there is a draft (``draft.reselect_vocab``); its tokens win
+    ties, and its size is the default."""
     path = Path(recipe["work_dir"]) / "vocab.json"
-    size = len(draft_ids) if draft_ids is not None else recipe["draft"]["draft_vocab_size"] or vocab_size
+    keep = draft_ids is not None and not reselect
+    size = recipe["draft"]["draft_vocab_size"] or vocab_size
+    if draft_ids is not None and (keep or recipe["draft"]["draft_vocab_size"] is None):
+        size = len(draft_ids)
     data = getattr(train_ds, "_fingerprint", None)
-    if path.exists() and draft_ids is None:
+    if path.exists() and not keep:
         saved = json.loads(path.read_text())
-        if saved["draft_vocab_size"] == size and saved.get("data", data) == data:
+        if saved["draft_vocab_size"] == size and saved.get("data", data) == data and not saved.get("from_draft"):
             return torch.tensor(saved["target_ids"]), saved
     counts = token_counts(train_ds, vocab_size)
-    if draft_ids is None:
-        ids, coverage = select_draft_vocab(counts, size, always_include=[tokenizer.eos_token_id])
-    else:
+    if keep:
         ids = torch.as_tensor(draft_ids).cpu()
         coverage = counts[ids].sum().item() / max(1, counts.sum().item())
+    else:
+        ids, coverage = select_draft_vocab(counts, size, always_include=[tokenizer.eos_token_id],
+                                           prefer=None if draft_ids is None else torch.as_tensor(draft_ids).cpu())
     info = {"draft_vocab_size": size, "coverage": coverage, "coverage_by_size": coverage_table(counts),
-            "loss_tokens": int(counts.sum()), "from_draft": draft_ids is not None, "data": data,
-            "target_ids": ids.tolist()}
+            "loss_tokens": int(counts.sum()), "from_draft": keep, "data": data, "target_ids": ids.tolist()}
+    if reselect and draft_ids is not None:
+        info["init_from_coverage"] = counts[torch.as_tensor(draft_ids).cpu()].sum().item() / max(1, counts.sum().item())
     if write:  # every process computes the same selection; one writes it
         atomic_write_json(path, info)
         print(f"[vocab] {size} tokens cover {coverage:.2%} of {int(counts.sum())} loss tokens")
@@ -222,6 +229,14 @@ def check_recipe(recipe: dict) -> None:
         raise ValueError(f"features.mode must be `online` or `offline`, got {recipe['features']['mode']!r}")
     if recipe["lora"]["enabled"] and not d["init_from"]:
         raise ValueError("lora.enabled adapts an existing draft: set draft.init_from to its folder or Hub id.")
+    if not isinstance(d["reselect_vocab"], bool):
+        raise ValueError(f"draft.reselect_vocab must be true or false, got {d['reselect_vocab']!r}")
+    if d["reselect_vocab"] and not d["init_from"]:
+        raise ValueError("draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from: set "
+                         "init_from, or leave reselect_vocab false (a new draft always takes its vocabulary from the data).")
+    if d["reselect_vocab"] and recipe["lora"]["enabled"]:
+        raise ValueError("draft.reselect_vocab changes the draft's lm_head, but LoRA adapters are saved for the draft "
+                         "as it is: turn one of them off.")
     positive = ["ttt_steps", "batch_size", "grad_accum", "save_every", "eval_every", "log_every", "keep_checkpoints", "epochs"]
     bad = [f"train.{k}={t[k]!r}" for k in positive if isinstance(t[k], bool) or not isinstance(t[k], int) or t[k] < 1]
     if t["max_steps"] is not None and (not isinstance(t["max_steps"], int) or t["max_steps"] < 1):
@@ -333,20 +348,26 @@ def train(recipe: dict, resume: bool = False) -> Path:
         raise ValueError(f"draft.draft_vocab_size={size} must be in 1..{vocab_size} (the target vocabulary)")
     init = load_init_draft(d["init_from"], target) if d["init_from"] else None
     earlier = earlier_stages(d["init_from"]) if d["init_from"] else []  # read now: output_dir may be init_from
-    if init is not None and size != init.config.draft_vocab_size and accelerator.is_main_process:
+    if init is not None and not d["reselect_vocab"] and size != init.config.draft_vocab_size and accelerator.is_main_process:
         print(f"[vocab] draft.init_from keeps its own vocabulary of {init.config.draft_vocab_size} tokens "
-              f"(draft.draft_vocab_size={size} is not used)")
+              f"(draft.draft_vocab_size={size} is not used; draft.reselect_vocab: true chooses a new one)")
 
     # ---- data (cached in work_dir/data) and the draft vocabulary
     train_ds, eval_ds = prepare_data(recipe, target, tokenizer, accelerator)
     init_ids = init.draft_to_target_ids(torch.arange(init.config.draft_vocab_size, device=init.d2t.device)) if init is not None else None
     vocab_ids, vocab_info = prepare_vocab(recipe, train_ds, tokenizer, vocab_size, draft_ids=init_ids,
-                                          write=accelerator.is_main_process)
+                                          reselect=d["reselect_vocab"], write=accelerator.is_main_process)
     accelerator.wait_for_everyone()
 
     # ---- the draft (fresh, from an existing one, or LoRA adapters on an existing one)
     if init is not None:
         draft = init
+        if d["reselect_vocab"]:
+            draft = draft.float()
+            vocab_info["remap"] = remap_draft_vocab(draft, vocab_ids, target.get_output_embeddings().weight)
+            if accelerator.is_main_process:
+                print(f"[vocab] {vocab_info['draft_vocab_size']} tokens cover {vocab_info['coverage']:.2%} of the loss "
+                      f"tokens (init_from's: {vocab_info['init_from_coverage']:.2%}); lm_head rows {vocab_info['remap']}")
     else:
         draft = Eagle3DraftModel.from_target(target, aux_layer_ids=d["aux_layer_ids"], draft_vocab_size=size,
                                              intermediate_size=d["intermediate_size"])
