@@ -380,10 +380,12 @@ def naive_step_logits(draft, aux, input_ids, ttt_steps) -> dict:
 
 def naive_ttt_loss(draft, step_logits, target_logits, loss_mask, attention_mask, ttt_steps, step_weight):
     """The objective written out position by position: soft CE against the target's distribution over the
-    draft vocabulary, for tokens under the loss mask whose target argmax the draft vocabulary holds."""
+    draft vocabulary, for tokens under the loss mask whose target argmax the draft vocabulary holds; the
+    accuracy counts every token under the loss mask, one outside the draft vocabulary as a miss."""
     b, s, _ = target_logits.shape
     draft_ids = draft.draft_to_target_ids(torch.arange(draft.config.draft_vocab_size))
     sums, counts, correct, chain_correct = [0.0] * ttt_steps, [0] * ttt_steps, [0] * ttt_steps, [0] * ttt_steps
+    loss_counts = [0] * ttt_steps
     for i in range(b):
         for t in range(s):
             chain = True
@@ -392,18 +394,20 @@ def naive_ttt_loss(draft, step_logits, target_logits, loss_mask, attention_mask,
                 if token >= s or not (loss_mask[i, token] and attention_mask[i, token]):
                     chain = False
                     continue
+                counts[k] += 1
                 if not draft.t2d[target_logits[i, token - 1].argmax()]:
                     chain = False
                     continue
                 p = target_logits[i, token - 1, draft_ids].softmax(-1)
                 logp = step_logits[i, t, k].log_softmax(-1)
                 sums[k] += -(p * logp).sum().item()
-                counts[k] += 1
+                loss_counts[k] += 1
                 hit = bool(logp.argmax() == p.argmax())
                 correct[k] += hit
                 chain = chain and hit
                 chain_correct[k] += chain
-    losses = [sums[k] / max(counts[k], 1) for k in range(ttt_steps)]
+    losses = [sums[k] / max(loss_counts[k], 1) for k in range(ttt_steps)]
+    assert loss_counts != counts  # the case has targets outside the draft vocabulary
     return {"loss": sum(step_weight**k * l for k, l in enumerate(losses)), "step_losses": losses,
             "step_count": counts, "step_correct": correct, "chain_correct": chain_correct}
 

@@ -21,7 +21,7 @@ class TTTOutput:
     loss: torch.Tensor  # scalar, weighted sum over steps
     step_losses: torch.Tensor  # (K,) detached
     step_correct: torch.Tensor  # (K,) number of positions where the draft's argmax equals the target's
-    step_count: torch.Tensor  # (K,) number of positions scored at each step
+    step_count: torch.Tensor  # (K,) positions scored at each step (a target token outside the draft vocabulary: a miss)
     chain_correct: torch.Tensor  # (K,) positions whose steps 0..k were all correct (for acceptance length)
     chain_count: torch.Tensor  # () positions scored at step 0
 
@@ -84,7 +84,8 @@ def ttt_loss(
     chain = None
     for k in range(ttt_steps):
         ids_k = _shift(input_ids, 1 + k)  # token t+1+k
-        valid = _shift(loss_mask, 2 + k, False) & _shift(in_vocab, 1 + k, False)  # (b, s)
+        scored = _shift(loss_mask, 2 + k, False)  # (b, s) positions the metrics count
+        valid = scored & _shift(in_vocab, 1 + k, False)  # (b, s) ...and the loss trains: the target's token is reachable
         p_k = _shift(target_p, 1 + k)[valid]  # (n, Vd) target distribution of token t+2+k
         want_k = _shift(target_argmax_draft, 1 + k)[valid]  # (n,)
         # logits only where the loss scores them: the draft's lm_head is most of a step's cost
@@ -99,14 +100,14 @@ def ttt_loss(
         n = valid.sum()
         losses.append(-(p_k * logp).sum() / n.clamp(min=1))
         with torch.no_grad():
-            hit = torch.zeros_like(valid)
+            hit = torch.zeros_like(valid)  # a token outside the draft vocabulary is a miss, as at inference
             hit[valid] = logp.argmax(-1) == want_k
             chain = hit if chain is None else chain & hit
             correct.append(hit.sum())
-            counts.append(n)
+            counts.append(scored.sum())
             chain_correct.append(chain.sum())
             if k == 0:
-                chain_count = n
+                chain_count = scored.sum()
     weights = torch.tensor([step_weight**k for k in range(ttt_steps)], device=device)
     step_losses = torch.stack(losses)
     return TTTOutput(
