@@ -96,6 +96,10 @@ TREE_DEFAULTS: dict[str, dict[str, int]] = {
 # device types on which a verification computes the target's logits only for the tree slots it needs (the
 # lm_head is ~20% of a small model's compute on a CPU); elsewhere for all slots (no host sync for the index)
 LOGITS_SUBSET_DEVICES = ("cpu",)
+# ...rounded up to a multiple of this many rows (with other slots' logits, which are then read for free): MKL's
+# small-batch sgemm on the 2-core AVX2 CPU here takes ~2x as long for 3 or 7 rows of SmolLM2's lm_head as for 4 or
+# 8 (results/smollm2-135m-instruct/diagnostics/lm_head_rows.py)
+LOGITS_ROWS_MULTIPLE = 4
 
 # logits processors that look at the scores only (not at the tokens so far): applied to all tree nodes at once
 _HISTORY_FREE_PROCESSORS = tuple(
@@ -642,8 +646,12 @@ class _TreeDecoder:
             keep = 1
         elif self.lazy_logits:  # greedy: slots with children (in any row)
             has_child = torch.zeros(b, N + 1, dtype=torch.bool, device=dev).scatter_(1, node_parent, True)
-            keep = has_child.any(dim=0).nonzero().squeeze(1)
-            if keep.numel() == 0:
+            wanted = has_child.any(dim=0)
+            short = -int(wanted.sum()) * b % LOGITS_ROWS_MULTIPLE  # rows to add (b rows per slot)
+            if short:  # the first slots not wanted, as many as make the row count a multiple (or all slots)
+                wanted |= (~wanted).cumsum(0) <= -(-short // b)
+            keep = wanted.nonzero().squeeze(1)
+            if not has_child.any():
                 keep = 1
         mask = self._target_mask(allowed, q_pos, k_pos)
         logits, feats, last = self._target_forward(tok, q_pos, mask, logits_to_keep=keep)
