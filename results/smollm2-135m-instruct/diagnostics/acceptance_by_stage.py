@@ -21,6 +21,7 @@ import tempfile
 from pathlib import Path
 
 import matplotlib
+import matplotlib.ticker
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -36,7 +37,7 @@ from eagle3_hub.training.ttt import acceptance_metrics, ttt_loss  # noqa: E402
 DRAFT = "eagle3_hub/reference_draft/smollm2-135m-instruct"
 SUITES = ["mt_bench", "humaneval", "gsm8k"]
 # the commits that shipped each stage of the current lineage (stage 1 = the first draft trained on target-answered data)
-STAGES = {"stage 1": "b5fc1f1", "stage 2": "13fd6ef", "stage 3": "7490a5e"}
+STAGES = {"stage 1": "b5fc1f1", "stage 2": "13fd6ef", "stage 3": "7490a5e", "stage 4": "11a61d3"}
 
 
 def git(*args: str) -> bytes:
@@ -54,8 +55,7 @@ def lineage(folder: Path) -> dict:
     m = json.loads((folder / "training_metrics.json").read_text())
     earlier = m.get("earlier_stages") or []
     return {"training_conversations": m["data"]["train"],  # each stage's data holds every earlier stage's
-            "optimizer_steps_all_stages": m["steps"] + sum(s.get("steps") or 0 for s in earlier),
-            "draft_vocab_coverage": (m.get("vocab") or {}).get("coverage")}
+            "optimizer_steps_all_stages": m["steps"] + sum(s.get("steps") or 0 for s in earlier)}
 
 
 def target_answers(target, tok, bench_dir, n: int, max_new_tokens: int, cache: Path) -> list[dict]:
@@ -98,7 +98,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         folders = {label: export_draft(commit, Path(tmp) / commit) for label, commit in STAGES.items()}
         head = (Path(DRAFT) / "model.safetensors").read_bytes()
-        if hashlib.sha256(head).digest() != hashlib.sha256((folders["stage 3"] / "model.safetensors").read_bytes()).digest():
+        last = folders[list(STAGES)[-1]] / "model.safetensors"
+        if hashlib.sha256(head).digest() != hashlib.sha256(last.read_bytes()).digest():
             folders["working tree"] = Path(DRAFT)
         features = {}  # aux layer ids -> per-answer (aux, logits)
         results = {}
@@ -111,6 +112,8 @@ def main():
                     seq = torch.tensor([row["input_ids"]])
                     feats.append(aux_features(target, seq, torch.ones_like(seq), list(key)))
                 features[key] = feats
+            answer_ids = torch.tensor([t for row in answers for t in row["input_ids"][row["prompt_tokens"]:]])
+            covered = draft.t2d[answer_ids].float().mean().item()  # share of answer tokens the draft can propose
             per_suite = {}
             for suite in SUITES:
                 sums = None
@@ -127,17 +130,17 @@ def main():
                 m = acceptance_metrics(*sums)
                 per_suite[suite] = {"expected_acceptance_length": m["expected_acceptance_length"],
                                     "step_accuracy": m["step_accuracy"]}
-            results[label] = {**lineage(folder), "suites": per_suite}
+            results[label] = {**lineage(folder), "answer_tokens_in_draft_vocab": covered, "suites": per_suite}
             print(label, results[label]["training_conversations"], "conversations:",
                   {s: round(v["expected_acceptance_length"], 3) for s, v in per_suite.items()}, flush=True)
 
     report = {"questions_per_suite": args.questions, "max_new_tokens": args.max_new_tokens, "ttt_steps": args.ttt_steps,
               "stages": results}
     (out / "acceptance_by_stage.json").write_text(json.dumps(report, indent=2) + "\n")
-    lines = ["| stage | training conversations | optimizer steps (all stages) | vocab coverage | "
+    lines = ["| stage | training conversations | optimizer steps (all stages) | answer tokens in the draft vocabulary | "
              + " | ".join(SUITES) + " | step-0 accuracy (mt_bench) |", "|---" * (5 + len(SUITES)) + "|"]
     for label, r in results.items():
-        cov = f"{r['draft_vocab_coverage']:.1%}" if r["draft_vocab_coverage"] is not None else "-"
+        cov = f"{r['answer_tokens_in_draft_vocab']:.1%}"
         accs = " | ".join(f"{r['suites'][s]['expected_acceptance_length']:.2f}" for s in SUITES)
         lines.append(f"| {label} | {r['training_conversations']:,} | {r['optimizer_steps_all_stages']:,} | {cov} | {accs} | "
                      f"{r['suites']['mt_bench']['step_accuracy'][0]:.2f} |")
@@ -156,6 +159,8 @@ def main():
         ax.annotate(label, (r["training_conversations"], r["suites"]["mt_bench"]["expected_acceptance_length"]),
                     textcoords="offset points", xytext=(0, -14), ha="center", fontsize=8)
     ax.set_xscale("log")
+    ax.set_xticks(x, [f"{v:,}" for v in x])
+    ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("training conversations (log scale)")
     ax.set_ylabel("expected acceptance length (chain)")
     ax.set_title("Reference draft for SmolLM2-135M-Instruct, by training stage")
