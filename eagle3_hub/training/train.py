@@ -163,16 +163,16 @@ def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids:
         if saved["draft_vocab_size"] == size and saved.get("data", data) == data and not saved.get("from_draft"):
             return torch.tensor(saved["target_ids"]), saved
     counts = token_counts(train_ds, vocab_size)
+    old = torch.as_tensor(draft_ids).cpu() if draft_ids is not None else None
+    old_coverage = counts[old].sum().item() / max(1, counts.sum().item()) if old is not None else None
     if keep:
-        ids = torch.as_tensor(draft_ids).cpu()
-        coverage = counts[ids].sum().item() / max(1, counts.sum().item())
+        ids, coverage = old, old_coverage
     else:
-        ids, coverage = select_draft_vocab(counts, size, always_include=[tokenizer.eos_token_id],
-                                           prefer=None if draft_ids is None else torch.as_tensor(draft_ids).cpu())
+        ids, coverage = select_draft_vocab(counts, size, always_include=[tokenizer.eos_token_id], prefer=old)
     info = {"draft_vocab_size": size, "coverage": coverage, "coverage_by_size": coverage_table(counts),
             "loss_tokens": int(counts.sum()), "from_draft": keep, "data": data, "target_ids": ids.tolist()}
-    if reselect and draft_ids is not None:
-        info["init_from_coverage"] = counts[torch.as_tensor(draft_ids).cpu()].sum().item() / max(1, counts.sum().item())
+    if reselect and old is not None:
+        info["init_from_coverage"] = old_coverage
     if write:  # every process computes the same selection; one writes it
         atomic_write_json(path, info)
         print(f"[vocab] {size} tokens cover {coverage:.2%} of {int(counts.sum())} loss tokens")
@@ -366,8 +366,8 @@ def train(recipe: dict, resume: bool = False) -> Path:
             draft = draft.float()
             vocab_info["remap"] = remap_draft_vocab(draft, vocab_ids, target.get_output_embeddings().weight)
             if accelerator.is_main_process:
-                print(f"[vocab] {vocab_info['draft_vocab_size']} tokens cover {vocab_info['coverage']:.2%} of the loss "
-                      f"tokens (init_from's: {vocab_info['init_from_coverage']:.2%}); lm_head rows {vocab_info['remap']}")
+                print(f"[vocab] chosen anew (init_from's covered {vocab_info['init_from_coverage']:.2%}); "
+                      f"lm_head rows {vocab_info['remap']}")
     else:
         draft = Eagle3DraftModel.from_target(target, aux_layer_ids=d["aux_layer_ids"], draft_vocab_size=size,
                                              intermediate_size=d["intermediate_size"])

@@ -14,7 +14,6 @@ Writes ``acceptance_by_stage.json``, ``.md`` and ``.png`` to ``--out``.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import subprocess
 import tempfile
@@ -97,9 +96,8 @@ def main():
 
     with tempfile.TemporaryDirectory() as tmp:
         folders = {label: export_draft(commit, Path(tmp) / commit) for label, commit in STAGES.items()}
-        head = (Path(DRAFT) / "model.safetensors").read_bytes()
         last = folders[list(STAGES)[-1]] / "model.safetensors"
-        if hashlib.sha256(head).digest() != hashlib.sha256(last.read_bytes()).digest():
+        if (Path(DRAFT) / "model.safetensors").read_bytes() != last.read_bytes():
             folders["working tree"] = Path(DRAFT)
         features = {}  # aux layer ids -> per-answer (aux, logits)
         results = {}
