@@ -1,4 +1,4 @@
-import time, torch
+import sys, time, torch
 from eagle3_hub.targets import load_target
 torch.set_num_threads(2)
 t = load_target(None, dtype=torch.float32)
@@ -8,7 +8,7 @@ ids = torch.randint(100, 40000, (1, 200))
 with torch.no_grad():
     cache = DynamicCache(config=t.config)
     t(ids, past_key_values=cache, use_cache=True)
-    for n in [1, 4, 9, 16, 32]:
+    for n in [int(a) for a in sys.argv[1:]] or [1, 4, 9, 16, 32]:  # token counts
         ts = []
         for r in range(8):
             x = torch.randint(100, 40000, (1, n))
