@@ -98,7 +98,7 @@ TREE_DEFAULTS: dict[str, dict[str, int]] = {
 LOGITS_SUBSET_DEVICES = ("cpu",)
 # ...rounded up to a multiple of this many rows (with other slots' logits, which are then read for free): MKL's
 # small-batch sgemm on the 2-core AVX2 CPU here takes ~2x as long for 3 or 7 rows of SmolLM2's lm_head as for 4 or
-# 8 (results/smollm2-135m-instruct/diagnostics/lm_head_rows.py)
+# 8 (results/smollm2-135m-instruct/diagnostics/lm_head_rows.py; end to end within noise: logits_rows_ab.py)
 LOGITS_ROWS_MULTIPLE = 4
 
 # logits processors that look at the scores only (not at the tokens so far): applied to all tree nodes at once

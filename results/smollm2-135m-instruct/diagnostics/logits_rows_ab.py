@@ -1,7 +1,8 @@
 """A/B of LOGITS_ROWS_MULTIPLE (1 = the logits of exactly the slots with children, 4 = rounded up to a multiple of
 4 rows) in tree decoding with the shipped draft: MT-bench questions 4-6, first turns, 96 new tokens, two rounds
-interleaved; prints the verification time per step and checks the tokens are the same. Session 5 (training
-paused): 121.3 / 120.3 ms per step with 1, 112.0 / 106.5 with 4, same tokens.
+interleaved; prints the verification time per step and checks the tokens are the same. Session 5, stage-3 draft
+(training paused): 121.3 / 120.3 ms per step with 1, 112.0 / 106.5 with 4; rerun with the stage-4 draft: 107.6 /
+108.8 with 1, 104.4 / 112.8 with 4 (no difference). Same tokens in both.
 
     python results/smollm2-135m-instruct/diagnostics/logits_rows_ab.py [MT_BENCH_FILE]
 """
