@@ -45,7 +45,7 @@ from eagle3_hub.training.data import (  # noqa: E402
     tokenize_dataset,
     user_prefix,
 )
-from eagle3_hub.training.features import OfflineFeatures, aux_features  # noqa: E402
+from eagle3_hub.training.features import OfflineFeatures, ShardReader, aux_features, sample_key  # noqa: E402
 from eagle3_hub.training.recipe import load_recipe, parse_overrides  # noqa: E402
 from eagle3_hub.training.train import LengthGroupedBatches, collate, held_out_split, run, train  # noqa: E402
 from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss  # noqa: E402
@@ -721,6 +721,67 @@ def test_offline_features_match_online_and_train(tmp_path, tiny_target_dir, data
         OfflineFeatures(recipe, target, [0, 1, 1], Accelerator()).build([splits["train"], splits["test"]], tok.pad_token_id)
 
 
+def test_offline_features_are_reused_from_an_earlier_run(tmp_path, tiny_target_dir, data_dir, capsys):
+    """A later stage that keeps an earlier run's data copies those samples' features and runs the target on its
+    new samples only; a folder that is no such run, or a run for other layers, is refused."""
+    from accelerate import Accelerator
+    from datasets import load_from_disk
+
+    first = recipe_for(tmp_path / "a", tiny_target_dir, [data_dir / "sharegpt.jsonl"], features={"mode": "offline"},
+                       train={"max_steps": 1})
+    train(first)
+    second = recipe_for(tmp_path / "b", tiny_target_dir, [data_dir / "sharegpt.jsonl", data_dir / "ultrachat.parquet"],
+                        features={"mode": "offline", "reuse_from": [first["work_dir"]]}, train={"max_steps": 1})
+    train(second)
+    assert "[features] 40 samples' features taken from" in capsys.readouterr().out
+
+    def samples(recipe):
+        splits = load_from_disk(str(Path(recipe["work_dir"]) / "data" / "tokenized"))
+        return splits, {sample_key(ids): i for s in splits.values() for i, ids in zip(s["index"], s["input_ids"])}
+
+    (_, old), (splits, new) = samples(first), samples(second)
+    shared = [(new[k], old[k]) for k in new if k in old]
+    assert len(old) == 40 and len(new) == 52 and len(shared) == 40
+    a, b = ShardReader(Path(first["work_dir"]) / "features"), ShardReader(Path(second["work_dir"]) / "features")
+    for i, j in shared:
+        assert torch.equal(b.get(f"aux.{i}"), a.get(f"aux.{j}")) and torch.equal(b.get(f"last.{i}"), a.get(f"last.{j}"))
+
+    # rebuilt with the target's forwards counted: only the 12 new samples pass through it, and their features are
+    # the target's (as the online path computes them)
+    cache = Path(second["work_dir"]) / "features"
+    for shard in cache.glob("*.safetensors"):
+        shard.unlink()
+    target, tok = load_target(str(tiny_target_dir))
+    rows, forward = [], target.forward
+    target.forward = lambda **kw: rows.append(kw["input_ids"].shape[0]) or forward(**kw)
+    OfflineFeatures(second, target, [0, 1, 2], Accelerator()).build([splits["train"], splits["test"]], tok.pad_token_id)
+    target.forward = forward
+    assert sum(rows) == 12
+    fresh = ShardReader(cache)
+    reused = {i for i, _ in shared}
+    for split in splits.values():
+        for i, ids in zip(split["index"], split["input_ids"]):
+            if i not in reused:
+                aux, _ = aux_features(target, torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long), [0, 1, 2])
+                torch.testing.assert_close(fresh.get(f"aux.{i}").float(), aux[0], rtol=2**-7, atol=1e-5)
+
+    # a run that is not on this machine (a fresh clone): its samples are computed
+    capsys.readouterr()
+    absent = {"mode": "offline", "cache_dir": str(tmp_path / "e"), "reuse_from": [str(tmp_path / "gone")]}
+    OfflineFeatures({**second, "features": absent}, target, [0, 1, 2], Accelerator()).build([splits["test"]], tok.pad_token_id)
+    assert "gone not found: its samples' features are computed" in capsys.readouterr().out
+    assert len(list((tmp_path / "e").glob("*.safetensors"))) == 1
+    # bad entries: a folder that is no offline-features run, a run built for other aux layers
+    elsewhere = {"mode": "offline", "cache_dir": str(tmp_path / "c"), "reuse_from": [str(tmp_path)]}
+    with pytest.raises(FileNotFoundError, match="is not the work_dir of an offline-features run"):
+        OfflineFeatures({**second, "features": elsewhere}, target, [0, 1, 2], Accelerator()).build(
+            [splits["train"]], tok.pad_token_id)
+    other = {**elsewhere, "cache_dir": str(tmp_path / "d"), "reuse_from": [first["work_dir"]]}
+    with pytest.raises(ValueError, match="reuse_from: .* was built with other aux_layer_ids"):
+        OfflineFeatures({**second, "features": other}, target, [0, 1, 1], Accelerator()).build(
+            [splits["train"]], tok.pad_token_id)
+
+
 def test_data_parallel_run_on_two_cpu_processes(tmp_path, tiny_target_dir, data_dir):
     """`torchrun --nproc_per_node 2` (gloo): each process sees half of every epoch, checkpoints hold both
     processes' RNG states, and one draft folder comes out."""
@@ -801,6 +862,8 @@ def foreign_draft(tmp_path_factory):
     ("eval_not_a_bool", "`eval` of the data source .* must be true or false"),
     ("reselect_without_draft", "draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from"),
     ("reselect_not_a_bool", "draft.reselect_vocab must be true or false"),
+    ("reuse_not_a_list", "features.reuse_from must be a list of earlier runs' work_dirs"),
+    ("reuse_online", "features.reuse_from copies offline features: set features.mode: offline"),
 ])
 def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tiny_target_dir, data_dir,
                                                     no_template_target, foreign_draft, capsys):
@@ -828,7 +891,9 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tin
                  "zero_steps": ["--train.ttt_steps", "0"],
                  "openers_not_a_list": ["--data.synthesize_openers", "Write"],
                  "reselect_without_draft": ["--draft.reselect_vocab", "true"],
-                 "reselect_not_a_bool": ["--draft.reselect_vocab", "maybe"]}[case]
+                 "reselect_not_a_bool": ["--draft.reselect_vocab", "maybe"],
+                 "reuse_not_a_list": ["--features.mode", "offline", "--features.reuse_from", "runs/stage1"],
+                 "reuse_online": ["--features.reuse_from", "[runs/stage1]"]}[case]
     recipe = recipe_for(tmp_path, target, sources)
     config = write_recipe(tmp_path / "recipe.yaml", recipe)
     assert run_cli(config, *extra) == 2

@@ -296,7 +296,8 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
                         synthesize: int = 0, regenerate_responses: bool = True, max_new_tokens: int = 384,
                         temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1,
                         min_chars: int = 1, max_chars: int = 20000, strip_patterns: list[str] | None = None,
-                        synthesize_seed: int | None = None, synthesize_openers: list[str] | None = None) -> Dataset:
+                        synthesize_seed: int | None = None, synthesize_openers: list[str] | None = None,
+                        synthesize_batch_size: int = 16) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
     answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes.
 
@@ -324,7 +325,7 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
         if synthesize_openers:  # other openers, other prompts: their own cache
             name += "-openers-" + hashlib.sha1(json.dumps(synthesize_openers).encode()).hexdigest()[:8]
         synth = synthesize_prompts(target, tokenizer, synthesize, work_dir / f"{name}.jsonl", seed=sseed,
-                                   openers=synthesize_openers)
+                                   openers=synthesize_openers, batch_size=synthesize_batch_size)
         if not regenerate_responses:  # the dataset's answers are kept, but synthesised prompts have none yet
             synth = regenerate(synth, target, tokenizer, work_dir / f"answers-{name}-{synthesize}-{max_new_tokens}.jsonl",
                                max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size)

@@ -3,17 +3,21 @@
 online: a target forward inside each training step.
 offline: one pass writes safetensors shards (bf16) of the aux features and the target's final hidden state;
 training reads them and applies the target's ``lm_head``. Resumable shard by shard, size estimated first,
-and a clear stop when the disk would fill.
+and a clear stop when the disk would fill. A later training stage can take the features of samples an earlier
+run already computed (``features.reuse_from``) and compute only its new samples.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
+from datasets import load_from_disk
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
@@ -54,6 +58,28 @@ def target_logits(target, last: torch.Tensor, logits_at: torch.Tensor | None = N
     return logits
 
 
+def sample_key(input_ids) -> str:
+    """A sample's identity in a feature cache: the hash of its token ids."""
+    return hashlib.sha1(np.asarray(input_ids, dtype=np.int64).tobytes()).hexdigest()
+
+
+class ShardReader:
+    """Tensors by name across the safetensors shards of one feature cache (handles opened once, on first use)."""
+
+    def __init__(self, folder: Path):
+        self.dir, self._where = Path(folder), None
+
+    def get(self, name: str) -> torch.Tensor | None:
+        if self._where is None:
+            self._where = {}
+            for p in sorted(self.dir.glob("split*.safetensors")):
+                h = safe_open(str(p), "pt")
+                for key in h.keys():
+                    self._where[key] = h
+        h = self._where.get(name)
+        return None if h is None else h.get_tensor(name)
+
+
 class OfflineFeatures:
     """A disk cache of target features, one safetensors shard per ``shard_size`` samples of each split, keyed by
     sample ``index``: ``aux.{i}`` (s, 3*H) and ``last.{i}`` (s, H), the final (normed) hidden state from which
@@ -63,8 +89,8 @@ class OfflineFeatures:
         self.dir = Path(recipe["features"]["cache_dir"] or Path(recipe["work_dir"]) / "features")
         self.target, self.aux_ids, self.acc, self.shard_size = target, list(aux_layer_ids), accelerator, shard_size
         self.batch_size = batch_size or recipe["train"]["batch_size"]
-        self._handles: dict = {}
-        self._where: dict = {}
+        self.reuse_from = [Path(p) for p in recipe["features"].get("reuse_from") or []]
+        self._reader = ShardReader(self.dir)
 
     def estimate_bytes(self, datasets) -> int:
         H = self.target.config.get_text_config().hidden_size
@@ -87,6 +113,31 @@ class OfflineFeatures:
                 raise ValueError(f"The feature cache {self.dir} was built with other {', '.join(diff)}: delete it or set "
                                  "features.cache_dir to a new folder.")
 
+    def _reusable(self, meta: dict) -> dict[str, tuple[ShardReader, int]]:
+        """sample_key -> (reader, sample index) over the earlier runs of ``reuse_from``: work_dirs whose
+        ``features/`` were built for the same target and layers, read with their ``data/tokenized`` samples. A run
+        that is not on this machine is skipped (its samples are computed); one that cannot serve is an error."""
+        found: dict = {}
+        for run in self.reuse_from:
+            if not run.exists():
+                print(f"[features] reuse_from: {run} not found: its samples' features are computed")
+                continue
+            index, data = run / "features" / "index.json", run / "data" / "tokenized"
+            if not index.exists() or not (data / "dataset_dict.json").exists():
+                raise FileNotFoundError(f"features.reuse_from: {run} is not the work_dir of an offline-features run "
+                                        f"(it needs features/index.json and data/tokenized): fix or remove the entry.")
+            old = json.loads(index.read_text())
+            diff = [k for k in ("aux_layer_ids", "hidden_size", "target") if old.get(k) != meta[k]]
+            if diff:
+                raise ValueError(f"features.reuse_from: {run} was built with other {', '.join(diff)} "
+                                 f"({', '.join(f'{old.get(k)!r}' for k in diff)}): its features are not this target's; "
+                                 "remove the entry.")
+            reader = ShardReader(run / "features")
+            for split in load_from_disk(str(data)).values():
+                for i, ids in zip(split["index"], split["input_ids"]):
+                    found.setdefault(sample_key(ids), (reader, i))
+        return found
+
     @torch.no_grad()
     def build(self, datasets, pad_id: int) -> None:
         """Write the missing shards (a killed build resumes at the first missing shard)."""
@@ -107,6 +158,8 @@ class OfflineFeatures:
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "index.json").write_text(json.dumps(meta))
         device = self.target.device
+        reusable = self._reusable(meta) if self.reuse_from else {}
+        reused = 0
         for split, ds in enumerate(datasets):
             n_shards = (len(ds) + self.shard_size - 1) // self.shard_size
             for s in tqdm(range(n_shards), desc=f"features split {split}", unit="shard"):
@@ -116,8 +169,19 @@ class OfflineFeatures:
                 tensors = {}
                 rows = ds.select(range(s * self.shard_size, min(len(ds), (s + 1) * self.shard_size)))
                 row_lengths = [len(x) for x in rows["input_ids"]]
-                order = sorted(range(len(rows)), key=lambda r: row_lengths[r])  # batches of similar lengths: less padding
-                for b in range(0, len(rows), self.batch_size):
+                todo = []  # rows to run the target on
+                for r, (index, ids) in enumerate(zip(rows["index"], rows["input_ids"])):
+                    hit = reusable.get(sample_key(ids)) if reusable else None
+                    if hit is not None:
+                        reader, old = hit
+                        aux, last = reader.get(f"aux.{old}"), reader.get(f"last.{old}")
+                        if aux is not None and last is not None and aux.shape[0] == len(ids):
+                            tensors[f"aux.{index}"], tensors[f"last.{index}"] = aux, last
+                            reused += 1
+                            continue
+                    todo.append(r)
+                order = sorted(todo, key=lambda r: row_lengths[r])  # batches of similar lengths: less padding
+                for b in range(0, len(order), self.batch_size):
                     batch = rows.select(order[b:b + self.batch_size])
                     lengths = [len(x) for x in batch["input_ids"]]
                     ids = torch.full((len(lengths), max(lengths)), pad_id, dtype=torch.long)
@@ -139,18 +203,15 @@ class OfflineFeatures:
                 if free < 2**30:
                     raise OSError(f"Less than 1 GiB left on the disk of {self.dir}: stopping the feature cache "
                                   "(it resumes where it stopped once there is space).")
+        if self.reuse_from:
+            print(f"[features] {reused} samples' features taken from {', '.join(map(str, self.reuse_from))}")
         self.acc.wait_for_everyone()
 
     def _get(self, index: int, kind: str) -> torch.Tensor:
-        if not self._handles:  # sample index -> open shard, built once
-            for p in sorted(self.dir.glob("split*.safetensors")):
-                h = self._handles[p] = safe_open(str(p), "pt")
-                for key in h.keys():
-                    self._where[key] = h
-        h = self._where.get(f"{kind}.{index}")
-        if h is None:
+        t = self._reader.get(f"{kind}.{index}")
+        if t is None:
             raise KeyError(f"sample {index} is not in the feature cache {self.dir}: delete the folder and rebuild")
-        return h.get_tensor(f"{kind}.{index}")
+        return t
 
     @torch.no_grad()
     def load(self, batch, logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -31,13 +31,16 @@ DEFAULTS: dict = {
         "max_new_tokens": 384,
         "temperature": 0.0,
         "gen_batch_size": 16,
+        "synthesize_batch_size": 16,  # prompts sampled per call; part of the sampling, so a rerun needs the same
         "max_turns": 1,
         "strip_patterns": [],  # regexes removed from every message (e.g. GSM8K's "<<48/2=24>>" calculator notes)
         "max_length": 1024,
         "eval_samples": 64,
         "num_proc": None,
     },
-    "features": {"mode": "online", "cache_dir": None},  # online | offline (safetensors shards on disk)
+    # mode: online | offline (safetensors shards on disk); reuse_from: earlier runs' work_dirs whose offline
+    # features of the same samples are copied instead of computed again (a later training stage)
+    "features": {"mode": "online", "cache_dir": None, "reuse_from": []},
     "train": {
         "ttt_steps": 7,
         "step_weight": 0.8,

@@ -122,6 +122,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
             regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
             batch_size=d["gen_batch_size"], max_turns=d["max_turns"], strip_patterns=d["strip_patterns"],
             synthesize_seed=d["synthesize_seed"], synthesize_openers=d["synthesize_openers"],
+            synthesize_batch_size=d["synthesize_batch_size"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
         if len(tok) < 2:
@@ -227,6 +228,11 @@ def check_recipe(recipe: dict) -> None:
     t, d, data = recipe["train"], recipe["draft"], recipe["data"]
     if recipe["features"]["mode"] not in ("online", "offline"):
         raise ValueError(f"features.mode must be `online` or `offline`, got {recipe['features']['mode']!r}")
+    reuse = recipe["features"]["reuse_from"]
+    if not isinstance(reuse, list) or not all(isinstance(p, str) for p in reuse):
+        raise ValueError(f"features.reuse_from must be a list of earlier runs' work_dirs, got {reuse!r}")
+    if reuse and recipe["features"]["mode"] != "offline":
+        raise ValueError("features.reuse_from copies offline features: set features.mode: offline, or remove it.")
     if recipe["lora"]["enabled"] and not d["init_from"]:
         raise ValueError("lora.enabled adapts an existing draft: set draft.init_from to its folder or Hub id.")
     if not isinstance(d["reselect_vocab"], bool):
