@@ -29,6 +29,7 @@ from eagle3_hub.generation import tree_decoding
 from eagle3_hub.generation.tree_decoding import (
     TREE_DEFAULTS,
     TreeDecodingOutput,
+    _PromptLookup,
     generate,
     tree_defaults,
     tree_generate,
@@ -120,6 +121,70 @@ def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
     # 1 row: a path that ended at a slot without logits has them computed then; 9: every slot
     assert verify and all(r % 4 == 0 or r in (1, 9) for r in verify), str(rows)
     assert any(r < 9 for r in verify)  # a subset of the slots, not all of them
+
+
+# ------------------------------------------------------------------------------------ lookup branch
+def test_prompt_lookup_proposes_what_followed_the_latest_longest_suffix():
+    tokens = [0, 0, 5, 6, 7, 8, 5, 6, 9, 1, 5, 6]  # two left-padding slots
+    look = _PromptLookup(tokens, start=2)
+    assert look.propose(3) == [9, 1, 5]  # "5 6" last seen before 9 (not before 7)
+    tokens += [7]
+    assert look.propose(2) == [8, 5]  # "5 6 7" (3-gram) beats "6 7" and "7"
+    tokens += [4]
+    assert look.propose(4) == []  # 4 never seen before
+    tokens += [8, 5]
+    assert look.propose(11) == [6, 9, 1, 5, 6, 7, 4, 8, 5, 6, 9]  # "8 5", then on from the copy itself
+    assert _PromptLookup([0, 0, 3], start=2).propose(2) == []  # the padding is not text
+    assert _PromptLookup([0, 3, 0, 3], start=1).propose(2) == [0, 3]
+    assert _PromptLookup([1, 2, 2, 2], start=0).propose(4) == [2, 2, 2, 2]  # a loop of period 1
+    assert _PromptLookup([1, 2, 3, 1, 2, 3, 1], start=0).propose(5) == [2, 3, 1, 2, 3]  # ...and of period 3
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text"])
+def test_greedy_with_lookup_branch_equals_plain_generate(arch):
+    """Random targets repeat themselves: the lookup branch is accepted often, next to an untrained draft (which
+    is almost never) and next to the copy draft (whose tree holds the same tokens: both branches compete)."""
+    target = make_tiny_target(arch)
+    ids = prompt(seed=2)
+    ref = plain_greedy(target, ids, 300)
+    shallow = {"depth": 1, "tree_top_k": 4, "total_tokens": 4}
+    plain_tree = generate(target, random_draft(target), ids, max_new_tokens=300, eos_token_id=[], lookup_tokens=0, **shallow)
+    out = generate(target, random_draft(target), ids, max_new_tokens=300, eos_token_id=[], lookup_tokens=6, **shallow)
+    assert torch.equal(plain_tree.sequences, ref) and torch.equal(out.sequences, ref)
+    assert out.stats.lookup_accepted > 30 and out.stats.target_forwards < plain_tree.stats.target_forwards
+    assert max(out.stats.accepted_per_step) > shallow["depth"] + 1  # the branch is longer than the tree is deep
+    both = generate(target, copy_draft(target), ids, max_new_tokens=300, eos_token_id=[], lookup_tokens=8,
+                    depth=3, tree_top_k=4, total_tokens=8)
+    assert torch.equal(both.sequences, ref)
+
+
+def test_lookup_branch_in_a_left_padded_batch_with_eos():
+    target = make_tiny_target("llama")
+    draft = random_draft(target)
+    prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4), (9, 5))]
+    alone0 = plain_greedy(target, prompts[0][None], 80)
+    eos = int(alone0[0, 5 + 20])
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros(3, L, dtype=torch.long)
+    mask = torch.zeros(3, L, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
+    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=80, eos_token_id=eos, lookup_tokens=5, **TREE)
+    for i, p in enumerate(prompts):
+        alone = plain_greedy(target, p[None], 80, eos=eos)[0, len(p) :]
+        assert torch.equal(out.sequences[i, L : L + len(alone)], alone), f"row {i}"
+    assert out.stats.lookup_accepted > 0
+
+
+def test_lookup_branch_with_a_history_dependent_processor():
+    """Repetition penalty: the acceptance walk (not the one-pass argmax) runs over the tree and the branch."""
+    target = make_tiny_target("qwen2")
+    ids = prompt(seed=6)
+    kwargs = {"max_new_tokens": 64, "do_sample": False, "repetition_penalty": 1.1, "eos_token_id": None, "pad_token_id": 0}
+    ref = target.generate(ids, **kwargs)
+    out = target.generate(ids, custom_generate=tree_generate, draft=random_draft(target), lookup_tokens=6,
+                          return_dict_in_generate=True, **TREE, **kwargs)
+    assert torch.equal(out.sequences, ref)
 
 
 def test_max_new_tokens_zero_and_one():
@@ -584,6 +649,11 @@ def test_clear_errors():
         generate(target, draft, ids, max_new_tokens=4, stop_strings=["x"])
     with pytest.raises(ValueError, match="temperature must be > 0"):
         generate(target, draft, ids, max_new_tokens=4, do_sample=True, temperature=0.0)
+    with pytest.raises(ValueError, match="lookup_tokens must be a non-negative integer"):
+        generate(target, draft, ids, max_new_tokens=4, lookup_tokens=-1)
+    with pytest.raises(ValueError, match="lookup_tokens works with greedy decoding only"):
+        generate(target, draft, ids, max_new_tokens=4, do_sample=True, lookup_tokens=4)
+    assert generate(target, draft, ids, max_new_tokens=4, do_sample=True).stats.tree["lookup_tokens"] == 0
 
 
 def test_tree_defaults_per_device():
@@ -592,6 +662,7 @@ def test_tree_defaults_per_device():
     assert tree_defaults("cuda:0") == TREE_DEFAULTS["cuda"]
     for shape in TREE_DEFAULTS.values():
         assert shape["total_tokens"] <= shape["top_k"] + (shape["depth"] - 1) * shape["top_k"] ** 2
+        assert shape["lookup_tokens"] >= 0
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -272,7 +272,7 @@ def build_methods(
     ctx: BenchContext,
     tree_grid: list[dict] | None = None,
 ) -> list[Method]:
-    """``names`` in METHOD_NAMES; ``tree_grid``: tree settings (depth, tree_top_k, total_tokens) for ``tree``;
+    """``names`` in METHOD_NAMES; ``tree_grid``: tree settings (depth, tree_top_k, total_tokens, lookup_tokens) for ``tree``;
     several settings give one method each (the sweep)."""
     target = ctx.target
     methods: list[Method] = []
@@ -319,7 +319,7 @@ def build_methods(
                         top_k=(gc.top_k or 0) if gc.do_sample else 0, top_p=gc.top_p if gc.do_sample else 1.0,
                         eos_token_id=gc.eos_token_id, tokenizer=ctx.tokenizer,
                         depth=params.get("depth"), tree_top_k=params.get("tree_top_k"),
-                        total_tokens=params.get("total_tokens"),
+                        total_tokens=params.get("total_tokens"), lookup_tokens=params.get("lookup_tokens"),
                     )
                     return out.sequences, out.stats
 
@@ -329,8 +329,11 @@ def build_methods(
     return methods
 
 
+TREE_KEYS = ("depth", "tree_top_k", "total_tokens", "lookup_tokens")
+
+
 def tree_label(params: dict) -> str:
-    parts = [f"{k}={params[k]}" for k in ("depth", "tree_top_k", "total_tokens") if params.get(k) is not None]
+    parts = [f"{k}={params[k]}" for k in TREE_KEYS if params.get(k) is not None]
     return "tree[" + ",".join(parts) + "]"
 
 
@@ -414,7 +417,8 @@ class TurnRunner:
             forwards, draft_t, verify_t = stats.target_forwards, stats.draft_time_s, stats.verify_time_s
             if not method.tree_params:  # record the shape it chose by default
                 tree = stats.tree
-                method.tree_params = {"depth": tree.get("depth"), "tree_top_k": tree.get("top_k"), "total_tokens": tree.get("total_tokens")}
+                method.tree_params = {"depth": tree.get("depth"), "tree_top_k": tree.get("top_k"),
+                                      "total_tokens": tree.get("total_tokens"), "lookup_tokens": tree.get("lookup_tokens")}
         else:  # generate with or without an assistant: from where each target forward started
             accepted = self.starts.accepted_per_step(prompt_len, prompt_len + len(new_ids))
             forwards, draft_t, verify_t = len(self.starts.starts), self.draft_timer.total, self.verify_timer.total
@@ -695,8 +699,9 @@ def _int_list(text: str | None) -> list[int | None]:
 
 def tree_grid_from_args(args) -> list[dict]:
     grid = [
-        {"depth": d, "tree_top_k": k, "total_tokens": n}
-        for d, k, n in itertools.product(_int_list(args.depth), _int_list(args.tree_top_k), _int_list(args.total_tokens))
+        dict(zip(TREE_KEYS, values))
+        for values in itertools.product(_int_list(args.depth), _int_list(args.tree_top_k), _int_list(args.total_tokens),
+                                        _int_list(getattr(args, "tree_lookup_tokens", None)))
     ]
     grid = [{k: v for k, v in g.items() if v is not None} for g in grid]
     # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
@@ -732,6 +737,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--depth", default=None, help="draft depth (comma-separated list with --sweep)")
     g.add_argument("--tree-top-k", default=None, help="candidates per node (list with --sweep)")
     g.add_argument("--total-tokens", default=None, help="tree size verified per step (list with --sweep)")
+    g.add_argument("--tree-lookup-tokens", default=None,
+                   help="tokens copied from the text so far as one more branch of the tree, greedy only; 0 = none (list with --sweep)")
     g.add_argument("--sweep", action="store_true", help="try every combination of --depth/--tree-top-k/--total-tokens and report the best for this device")
     g = parser.add_argument_group("output")
     g.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and bench.png")

@@ -58,6 +58,12 @@ def add_arguments(parser: argparse.ArgumentParser):
         help="tree nodes verified per target forward",
     )
     parser.add_argument(
+        "--lookup-tokens",
+        type=int,
+        default=None,
+        help="greedy: tokens copied from the text so far, verified as one more branch (0 = none; default: per device)",
+    )
+    parser.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "bfloat16", "float16", "float32"],
@@ -133,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
         depth=args.depth,
         tree_top_k=args.tree_top_k,
         total_tokens=args.total_tokens,
+        lookup_tokens=args.lookup_tokens,
         generator=generator,
     )
     if args.stats:

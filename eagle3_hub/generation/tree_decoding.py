@@ -33,6 +33,12 @@ Each row has a *root*: its latest token, sampled from the target but not yet in 
 4. Compact. The target cache keeps the accepted slots only (one gather on the whole cache tensor); their
    target features feed the draft in the next step.
 
+Greedy decoding can add a *lookup branch* to the tree (``lookup_tokens`` > 0, prompt lookup / n-gram
+speculation): up to ``lookup_tokens`` tokens copied from the row's own text (prompt + output), the
+continuation of the latest earlier occurrence of its longest suffix of 1-3 tokens, as a chain under the root.
+It costs no draft forward and is verified with the tree, so the output is unchanged; it pays where the target
+repeats itself or copies from the prompt. Sampling does not use it (its proposals are not draft samples).
+
 Caches are rectangular over the batch: each row accepts its own number of tokens, the slots a row does not
 use are holes masked out of every later attention (a per-row validity mask), positions are explicit per
 row. Finished rows are removed from the batch.
@@ -89,8 +95,8 @@ from transformers.utils import ModelOutput
 # CUDA: verification is flat up to 128 tokens on an H200 (eager, launch-bound: results/cuda-h200/): the
 # EAGLE-2/3 reference trees.
 TREE_DEFAULTS: dict[str, dict[str, int]] = {
-    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8},
-    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60},
+    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 0},
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 0},
 }
 
 # device types on which a verification computes the target's logits only for the tree slots it needs (the
@@ -121,7 +127,7 @@ _HISTORY_FREE_PROCESSORS = tuple(
 
 
 def tree_defaults(device: torch.device | str) -> dict[str, int]:
-    """Default ``depth`` / ``top_k`` / ``total_tokens`` for a device (``TREE_DEFAULTS``; CUDA's for other accelerators)."""
+    """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` for a device (``TREE_DEFAULTS``; CUDA's for other accelerators)."""
     kind = torch.device(device).type
     return dict(TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cuda"]))
 
@@ -134,6 +140,7 @@ class TreeDecodingStats:
     accepted_per_step: one entry per (target verification, active row): tokens that row committed in that
         step (accepted draft tokens + the target's bonus token; fewer when a stop condition cut the block).
     mean_acceptance_length: new tokens per target forward (prefill included), over all rows.
+    lookup_accepted: accepted draft tokens that came from the lookup branch (the rest: from the draft model).
     draft_time_s / verify_time_s: time in draft forwards (tree building included) / target verification
         forwards (prefill included); overhead_time_s: everything else (acceptance, cache compaction, host
         bookkeeping, streaming).
@@ -144,6 +151,7 @@ class TreeDecodingStats:
     steps: int = 0
     new_tokens: int = 0
     accepted_per_step: list[int] = field(default_factory=list)
+    lookup_accepted: int = 0
     mean_acceptance_length: float = 0.0
     draft_time_s: float = 0.0
     verify_time_s: float = 0.0
@@ -325,7 +333,7 @@ def check_draft_fits_target(draft, target):
         )
 
 
-def _check_tree_parameters(depth: int, top_k: int, total_tokens: int, draft_vocab: int):
+def _check_tree_parameters(depth: int, top_k: int, total_tokens: int, draft_vocab: int, lookup_tokens: int = 0):
     for name, value in (
         ("depth", depth),
         ("tree_top_k", top_k),
@@ -333,6 +341,8 @@ def _check_tree_parameters(depth: int, top_k: int, total_tokens: int, draft_voca
     ):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if not isinstance(lookup_tokens, int) or isinstance(lookup_tokens, bool) or lookup_tokens < 0:
+        raise ValueError(f"lookup_tokens must be a non-negative integer (0: no lookup branch), got {lookup_tokens!r}")
     if top_k > draft_vocab:
         raise ValueError(f"tree_top_k={top_k} exceeds the draft vocabulary ({draft_vocab} tokens)")
     pool = top_k + (depth - 1) * top_k * top_k
@@ -344,6 +354,35 @@ def _check_tree_parameters(depth: int, top_k: int, total_tokens: int, draft_voca
 
 
 # ----------------------------------------------------------------------------------------------- decoder
+class _PromptLookup:
+    """Draft tokens copied from a row's own text: after the latest earlier occurrence of the text's longest suffix
+    of ``max_ngram`` down to 1 tokens, the tokens that followed it. A copy that reaches the end of the text goes on
+    with the tokens it has copied (as an LZ77 match may overlap itself), so a loop of period P is proposed in full,
+    not only its first P tokens. ``tokens`` is the row's list, which the decoder appends to; positions before
+    ``start`` (left padding) are never matched. Indexing is incremental: each new token costs ``max_ngram`` dict
+    writes."""
+
+    def __init__(self, tokens: list[int], start: int, max_ngram: int = 3):
+        self.tokens, self.start, self.max_ngram = tokens, start, max_ngram
+        self.next_of: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
+        self.indexed = start + 1  # positions p < indexed have their n-grams ending at p - 1 in next_of
+
+    def propose(self, m: int) -> list[int]:
+        t = self.tokens
+        for p in range(self.indexed, len(t)):  # the n-grams ending at p - 1, each followed by t[p]
+            for n in range(1, min(self.max_ngram, p - self.start) + 1):
+                self.next_of[tuple(t[p - n : p])] = p
+        self.indexed = max(self.indexed, len(t))
+        for n in range(min(self.max_ngram, len(t) - self.start), 0, -1):
+            p = self.next_of.get(tuple(t[-n:]))
+            if p is not None:
+                out = t[p : p + m]
+                while len(out) < m:  # past the end: the copy continues from what it copied
+                    out.append(out[p + len(out) - len(t)])
+                return out
+        return []
+
+
 class _TreeDecoder:
     """State and steps of one tree-decoding run. Shapes: b active rows, T committed target slots, N tree
     nodes (root excluded), F = 3 * target hidden (concatenated aux features), H draft hidden."""
@@ -356,6 +395,7 @@ class _TreeDecoder:
         depth: int,
         top_k: int,
         total_tokens: int,
+        lookup_tokens: int,
         do_sample: bool,
         processors: LogitsProcessorList,
         eos_ids: list[int],
@@ -368,6 +408,7 @@ class _TreeDecoder:
     ):
         self.target, self.draft = target, draft
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
+        self.lookup_tokens = lookup_tokens
         self.do_sample = do_sample
         self.processors = processors
         self.history_free = all(isinstance(p, _HISTORY_FREE_PROCESSORS) for p in processors)
@@ -399,7 +440,9 @@ class _TreeDecoder:
         else:
             self.d_embed = draft.embed_tokens.weight
         self.d2t = draft.d2t.to(self.device)
-        self.stats = TreeDecodingStats(tree={"depth": depth, "top_k": top_k, "total_tokens": total_tokens})
+        self.stats = TreeDecodingStats(
+            tree={"depth": depth, "top_k": top_k, "total_tokens": total_tokens, "lookup_tokens": lookup_tokens}
+        )
         self._timed = self.device.type == "cuda"
         self._events: list = []
 
@@ -540,7 +583,7 @@ class _TreeDecoder:
         self.rows = list(range(b))  # original row of each active row
         self._dummy_ids = torch.zeros(b * (self.total_tokens + 1), 1, dtype=torch.long, device=dev)
 
-        capacity = L + self.max_new_tokens + self.total_tokens + self.depth + 16
+        capacity = L + self.max_new_tokens + self.total_tokens + self.lookup_tokens + self.depth + 16
         self.tcache = TreeKVCache(self.num_layers, capacity)
         self.dcache = TreeKVCache(1, capacity)
 
@@ -562,6 +605,9 @@ class _TreeDecoder:
         if self.t_head is not None and dev.type in LOGITS_SUBSET_DEVICES:
             self.lazy_logits = bool(torch.equal(self._lm_head(last[:, -1]), logits[:, -1]))
         self.t_valid, self.t_pos = valid, pos  # (b, T)
+        if self.lookup_tokens:
+            pads = (~valid).sum(-1).tolist()
+            self.lookups = [_PromptLookup(self.tokens[r], start=pads[r]) for r in range(b)]
         scores = logits[:, -1].float()
         scores = self._process(scores, lambda: [input_ids[i : i + 1] for i in range(b)])
         root = self._choose(scores)  # (b,)
@@ -592,7 +638,7 @@ class _TreeDecoder:
         # ---- tree steps
         while self.rows:
             remaining = max(self.max_new_tokens - self.generated[r] for r in self.rows)
-            self._step(min(self.depth, remaining - 1))
+            self._step(min(self.depth, remaining - 1), min(self.lookup_tokens, remaining - 1))
 
         # ---- output
         if self._timed:
@@ -613,17 +659,31 @@ class _TreeDecoder:
         st.mean_acceptance_length = st.new_tokens / max(sum(self._forwards_per_row), 1)
         return seqs
 
-    def _step(self, depth: int):
-        """One draft + verify + accept step. ``depth`` may be below the configured depth near max_new_tokens."""
+    def _step(self, depth: int, lookup: int = 0):
+        """One draft + verify + accept step. ``depth`` (tree levels) and ``lookup`` (lookup branch length) may be
+        below the configured ones near max_new_tokens."""
         dev = self.device
         b = len(self.rows)
         arange_b = torch.arange(b, device=dev)
+        # the lookup branch first: host work while the device is idle, then one copy to it
+        chains = [self.lookups[r].propose(lookup) for r in self.rows] if lookup >= 1 else []
+        m = max((len(c) for c in chains), default=0)
+        if m:  # padded per row (a padding token is verified like any other guess)
+            chain = torch.tensor([c + [self.pad_id] * (m - len(c)) for c in chains], device=dev)  # (b, m)
         if depth >= 1:
             t0 = self._clock()
             node_tok, node_parent, node_depth = self._draft_tree(depth)
             self._add_time("draft_time_s", t0, self._clock())
         else:  # one token left for every row: a plain target step
             node_tok = node_parent = node_depth = torch.zeros(b, 0, dtype=torch.long, device=dev)
+        n_tree = node_tok.shape[1]  # slots 1..n_tree: the draft tree; after them, the lookup branch
+        if m:  # a chain under the root: node n_tree + j is slot n_tree + j + 1, its parent slot n_tree + j (j > 0)
+            chain_parent = torch.arange(n_tree, n_tree + m, device=dev)
+            chain_parent[0] = 0
+            node_tok = torch.cat([node_tok, chain], dim=1)
+            node_parent = torch.cat([node_parent, chain_parent.expand(b, m)], dim=1)
+            node_depth = torch.cat([node_depth, torch.arange(1, m + 1, device=dev).expand(b, m)], dim=1)
+            depth = max(depth, m)
         N = node_tok.shape[1]
         tok = torch.cat([self.root[:, None], node_tok], dim=1)  # (b, N+1), slot 0 = root
         parent = torch.cat([torch.zeros(b, 1, dtype=torch.long, device=dev), node_parent], dim=1)
@@ -696,15 +756,18 @@ class _TreeDecoder:
         slot_ids = torch.arange(N + 1, device=dev).expand(b, N + 1)
         path = torch.where(on_path, slot_ids, -1).sort(dim=-1).values[:, -W:]  # right-aligned slots, -1 = hole
         path_tok = tok.gather(1, path.clamp(min=0))
-        host = torch.cat([accepted[:, None], bonus[:, None], path_tok], dim=1).tolist()  # the step's one sync
+        from_lookup = (end > n_tree).long()  # the accepted path ran along the lookup branch
+        host = torch.cat([accepted[:, None], bonus[:, None], from_lookup[:, None], path_tok], dim=1).tolist()  # one sync
 
         # ---- host: emit, stop conditions, stream
         emitted, from_draft, finished = {}, {}, []
         for i, r in enumerate(self.rows):
-            a, bonus_tok, toks = host[i][0], host[i][1], host[i][2:]
+            a, bonus_tok, looked_up, toks = host[i][0], host[i][1], host[i][2], host[i][3:]
             new = toks[W - a :] + [bonus_tok]
             taken, done = self._emit(r, new)
             emitted[r], from_draft[r] = taken, min(a, len(taken))
+            if looked_up:
+                self.stats.lookup_accepted += min(a, len(taken))
             self.stats.accepted_per_step.append(len(taken))
             if done:
                 finished.append(i)
@@ -970,6 +1033,7 @@ def _run(
     depth,
     tree_top_k,
     total_tokens,
+    lookup_tokens=None,
 ) -> TreeDecodingOutput:
     draft = _prepare_draft(draft, target)
     if input_ids.dim() == 1:
@@ -1012,7 +1076,14 @@ def _run(
     depth = defaults["depth"] if depth is None else depth
     tree_top_k = defaults["top_k"] if tree_top_k is None else tree_top_k
     total_tokens = defaults["total_tokens"] if total_tokens is None else total_tokens
-    _check_tree_parameters(depth, tree_top_k, total_tokens, draft.config.draft_vocab_size)
+    if lookup_tokens is None:
+        lookup_tokens = 0 if do_sample else defaults["lookup_tokens"]
+    _check_tree_parameters(depth, tree_top_k, total_tokens, draft.config.draft_vocab_size, lookup_tokens)
+    if lookup_tokens and do_sample:
+        raise ValueError(
+            "lookup_tokens works with greedy decoding only (its tokens are not samples of the draft): "
+            "set lookup_tokens=0 or do_sample=False."
+        )
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     if pad_id is None:
@@ -1028,6 +1099,7 @@ def _run(
         depth=depth,
         top_k=tree_top_k,
         total_tokens=total_tokens,
+        lookup_tokens=lookup_tokens,
         do_sample=do_sample,
         processors=processors,
         eos_ids=eos_ids,
@@ -1070,6 +1142,7 @@ def _generate(
     depth: int | None = None,
     tree_top_k: int | None = None,
     total_tokens: int | None = None,
+    lookup_tokens: int | None = None,
     on_step: Callable[[list[list[int]], list[int]], None] | None = None,
     generator: torch.Generator | None = None,
 ) -> TreeDecodingOutput:
@@ -1084,6 +1157,8 @@ def _generate(
         eos_token_id: stop ids (default: the target's generation config); stop_strings: needs ``tokenizer``.
         streamer: a transformers streamer (batch size 1); receives the prompt, then each accepted block.
         depth / tree_top_k / total_tokens: tree shape; ``None`` = ``TREE_DEFAULTS`` for the device.
+        lookup_tokens: length of the lookup branch (tokens copied from the text so far; greedy only, 0 = none);
+            ``None`` = ``TREE_DEFAULTS`` for the device when greedy, 0 when sampling.
         on_step: ``on_step(tokens, num_from_draft)`` after every target forward: per row the tokens it just
             committed and how many of them came from the draft (the rest: the target's bonus token).
         generator: a ``torch.Generator`` for sampling.
@@ -1131,6 +1206,7 @@ def _generate(
         depth=depth,
         tree_top_k=tree_top_k,
         total_tokens=total_tokens,
+        lookup_tokens=lookup_tokens,
     )
 
 
@@ -1145,6 +1221,7 @@ def tree_generate(
     depth: int | None = None,
     tree_top_k: int | None = None,
     total_tokens: int | None = None,
+    lookup_tokens: int | None = None,
     on_step: Callable | None = None,
     generator: torch.Generator | None = None,
     **model_kwargs,
@@ -1184,6 +1261,7 @@ def tree_generate(
         depth=depth,
         tree_top_k=tree_top_k,
         total_tokens=total_tokens,
+        lookup_tokens=lookup_tokens,
     )
     return out if generation_config.return_dict_in_generate else out.sequences
 
@@ -1265,7 +1343,8 @@ def generate(*args, **kwargs):
 
         generate(target, draft, input_ids, attention_mask=None, max_new_tokens=256, do_sample=False,
                  temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, stop_strings=None, tokenizer=None,
-                 streamer=None, depth=None, tree_top_k=None, total_tokens=None, on_step=None, generator=None)
+                 streamer=None, depth=None, tree_top_k=None, total_tokens=None, lookup_tokens=None, on_step=None,
+                 generator=None)
         -> TreeDecodingOutput(sequences, stats)
 
     Also the entry point of ``custom_generate/generate.py``: transformers calls it as
