@@ -436,6 +436,7 @@ def test_custom_generate_from_a_saved_draft_folder(tmp_path):
     )
     assert torch.equal(out, ref)
     # an explicit draft overrides the one in the repo: the random draft gives the same tokens, fewer accepted
+    # (without the lookup branch, which would accept this target's loops whatever the draft)
     seen = []
     out = target.generate(
         ids,
@@ -446,6 +447,7 @@ def test_custom_generate_from_a_saved_draft_folder(tmp_path):
         eos_token_id=None,
         pad_token_id=0,
         draft=random_draft(target),
+        lookup_tokens=0,
         on_step=lambda t, d: seen.append(d[0]),
     )
     assert torch.equal(out, ref) and sum(seen) < 10

@@ -94,9 +94,13 @@ from transformers.utils import ModelOutput
 # Re-tune a better draft with run_sweep.sh.
 # CUDA: verification is flat up to 128 tokens on an H200 (eager, launch-bound: results/cuda-h200/): the
 # EAGLE-2/3 reference trees.
+# lookup_tokens (greedy only): the lookup branch's length. CPU: on the three suites (3 questions each, 256
+# tokens, stage-4 draft, one run, results/smollm2-135m-instruct/bench_lookup_branch/) 0 / 6 / 10 gave 1.07x /
+# 1.53x / 1.58x plain (acceptance 1.95 / 2.97 / 3.15). CUDA: not measured on a GPU yet; 10 more slots keep the
+# default tree's 60 + 1 within the flat range above, where they cost nothing.
 TREE_DEFAULTS: dict[str, dict[str, int]] = {
-    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 0},
-    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 0},
+    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 10},
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 10},
 }
 
 # device types on which a verification computes the target's logits only for the tree slots it needs (the
