@@ -1164,7 +1164,8 @@ def _generate(
         lookup_tokens: length of the lookup branch (tokens copied from the text so far; greedy only, 0 = none);
             ``None`` = ``TREE_DEFAULTS`` for the device when greedy, 0 when sampling.
         on_step: ``on_step(tokens, num_from_draft)`` after every target forward: per row the tokens it just
-            committed and how many of them came from the draft (the rest: the target's bonus token).
+            committed and how many of them came from the draft tree or the lookup branch (the rest: the
+            target's bonus token).
         generator: a ``torch.Generator`` for sampling.
 
     Returns ``TreeDecodingOutput(sequences (b, L + new), stats)``; rows that stopped are right-padded.
