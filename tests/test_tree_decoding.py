@@ -64,6 +64,16 @@ def prompt(n=12, seed=0, vocab=256):
     return torch.randint(3, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """1D prompts -> (ids, attention_mask), left-padded with 0 to the longest."""
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), L, dtype=torch.long)
+    mask = torch.zeros(len(prompts), L, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
+    return ids, mask
+
+
 def plain_greedy(target, ids, max_new_tokens, eos=None, **kwargs):
     return target.generate(
         ids,
@@ -164,11 +174,8 @@ def test_lookup_branch_in_a_left_padded_batch_with_eos():
     prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4), (9, 5))]
     alone0 = plain_greedy(target, prompts[0][None], 80)
     eos = int(alone0[0, 5 + 20])
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(3, L, dtype=torch.long)
-    mask = torch.zeros(3, L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
+    ids, mask = left_padded(prompts)
+    L = ids.shape[1]
     out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=80, eos_token_id=eos, lookup_tokens=5, **TREE)
     for i, p in enumerate(prompts):
         alone = plain_greedy(target, p[None], 80, eos=eos)[0, len(p) :]
@@ -279,11 +286,8 @@ def test_batch_left_padding_rows_equal_their_batch_one_output():
     # EOS = a token that row 0 produces early: that row finishes first, the others run to max_new_tokens
     alone0 = plain_greedy(target, prompts[0][None], 60)
     eos = int(alone0[0, 5 + 12])
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(3, L, dtype=torch.long)
-    mask = torch.zeros(3, L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
+    ids, mask = left_padded(prompts)
+    L = ids.shape[1]
     out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=60, eos_token_id=eos, **TREE)
     lengths = []
     for i, p in enumerate(prompts):
