@@ -183,15 +183,17 @@ def test_lookup_branch_in_a_left_padded_batch_with_eos():
     assert out.stats.lookup_accepted > 0
 
 
-def test_lookup_branch_with_a_history_dependent_processor():
-    """Repetition penalty: the acceptance walk (not the one-pass argmax) runs over the tree and the branch."""
+@pytest.mark.parametrize("processor", [{"repetition_penalty": 1.1}, {"suppress_tokens": [7, 9]}])
+def test_lookup_branch_with_logits_processors(processor):
+    """Repetition penalty reads the history: the acceptance walk runs over the tree and the branch. Suppressed
+    tokens do not: one pass over every slot's scores, the branch's slots included."""
     target = make_tiny_target("qwen2")
     ids = prompt(seed=6)
-    kwargs = {"max_new_tokens": 64, "do_sample": False, "repetition_penalty": 1.1, "eos_token_id": None, "pad_token_id": 0}
+    kwargs = {"max_new_tokens": 64, "do_sample": False, "eos_token_id": None, "pad_token_id": 0, **processor}
     ref = target.generate(ids, **kwargs)
     out = target.generate(ids, custom_generate=tree_generate, draft=random_draft(target), lookup_tokens=6,
                           return_dict_in_generate=True, **TREE, **kwargs)
-    assert torch.equal(out.sequences, ref)
+    assert torch.equal(out.sequences, ref) and out.stats.lookup_accepted > 0
 
 
 def test_max_new_tokens_zero_and_one():

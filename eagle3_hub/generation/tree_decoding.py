@@ -585,7 +585,8 @@ class _TreeDecoder:
         self.tokens = [row for row in input_ids.tolist()]
         self.generated = [0] * b
         self.rows = list(range(b))  # original row of each active row
-        self._dummy_ids = torch.zeros(b * (self.total_tokens + 1), 1, dtype=torch.long, device=dev)
+        slots = self.total_tokens + self.lookup_tokens + 1  # most tree slots of one verification
+        self._dummy_ids = torch.zeros(b * slots, 1, dtype=torch.long, device=dev)
 
         capacity = L + self.max_new_tokens + self.total_tokens + self.lookup_tokens + self.depth + 16
         self.tcache = TreeKVCache(self.num_layers, capacity)
