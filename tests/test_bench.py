@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import sys
@@ -178,12 +179,20 @@ def test_forward_starts_give_accepted_tokens_per_step(tiny):
 
 
 def test_peak_memory_sees_a_large_allocation():
+    """The resident set is the whole process's: another thread of the test run (a server, a tokenizer pool)
+    freeing memory at the same moment can hide one allocation, so one of three tries must see it."""
     mem = bench.PeakMemory(torch.device("cpu"))
-    mem.reset()
-    before = mem.peak_mb()
-    x = torch.ones(64 * 2**20 // 4)  # 64 MiB
-    assert mem.peak_mb() >= before + 60 or mem.kind == "process_max_rss"
-    del x
+    grew = []
+    for _ in range(3):
+        gc.collect()
+        mem.reset()
+        before = mem.peak_mb()
+        x = torch.ones(64 * 2**20 // 4)  # 64 MiB
+        grew.append(mem.peak_mb() - before)
+        del x
+        if grew[-1] >= 60 or mem.kind == "process_max_rss":
+            break
+    assert grew[-1] >= 60 or mem.kind == "process_max_rss", grew
 
 
 # ----------------------------------------------------------------------------------------- the run
