@@ -1,5 +1,5 @@
 """Answering throughput of the target by ``gen_batch_size`` (the data stage's batched greedy ``generate``): the first
-96 stage-4 prompts, 128 new tokens, float32, 2 threads. Session 6: 48 -> 102 tok/s, 96 -> 119 tok/s (a rerun of 96: 115).
+96 stage-4 prompts, 128 new tokens, float32, 2 threads. Session 6: 48 -> 102 tok/s, 96 -> 119 tok/s (rerun of 96: 115).
 
     python results/smollm2-135m-instruct/diagnostics/gen_batch_size.py 48 96
 """
