@@ -27,6 +27,7 @@ from transformers.generation.streamers import BaseStreamer
 from eagle3_hub import Eagle3DraftModel
 from eagle3_hub.generation import tree_decoding
 from eagle3_hub.generation.tree_decoding import (
+    LOOKUP_SHARE,
     TREE_DEFAULTS,
     TreeDecodingOutput,
     _PromptLookup,
@@ -134,9 +135,12 @@ def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
 
 
 # ------------------------------------------------------------------------------------ lookup branch
+COPY_ALL = {1: 1.0, 2: 1.0, 3: 1.0}  # every match proposes m tokens
+
+
 def test_prompt_lookup_proposes_what_followed_the_latest_longest_suffix():
     tokens = [0, 0, 5, 6, 7, 8, 5, 6, 9, 1, 5, 6]  # two left-padding slots
-    look = _PromptLookup(tokens, start=2)
+    look = _PromptLookup(tokens, start=2, share=COPY_ALL)
     assert look.propose(3) == [9, 1, 5]  # "5 6" last seen before 9 (not before 7)
     tokens += [7]
     assert look.propose(2) == [8, 5]  # "5 6 7" (3-gram) beats "6 7" and "7"
@@ -144,10 +148,21 @@ def test_prompt_lookup_proposes_what_followed_the_latest_longest_suffix():
     assert look.propose(4) == []  # 4 never seen before
     tokens += [8, 5]
     assert look.propose(11) == [6, 9, 1, 5, 6, 7, 4, 8, 5, 6, 9]  # "8 5", then on from the copy itself
-    assert _PromptLookup([0, 0, 3], start=2).propose(2) == []  # the padding is not text
-    assert _PromptLookup([0, 3, 0, 3], start=1).propose(2) == [0, 3]
-    assert _PromptLookup([1, 2, 2, 2], start=0).propose(4) == [2, 2, 2, 2]  # a loop of period 1
-    assert _PromptLookup([1, 2, 3, 1, 2, 3, 1], start=0).propose(5) == [2, 3, 1, 2, 3]  # ...and of period 3
+    assert _PromptLookup([0, 0, 3], start=2, share=COPY_ALL).propose(2) == []  # the padding is not text
+    assert _PromptLookup([0, 3, 0, 3], start=1, share=COPY_ALL).propose(2) == [0, 3]
+    assert _PromptLookup([1, 2, 2, 2, 2], start=0).propose(4) == [2, 2, 2, 2]  # a loop of period 1
+    assert _PromptLookup([1, 2, 3, 1, 2, 3, 1], start=0, share=COPY_ALL).propose(5) == [2, 3, 1, 2, 3]  # period 3
+
+
+def test_prompt_lookup_proposes_fewer_tokens_after_a_shorter_match():
+    """LOOKUP_SHARE (3-token match: all 20, 2-token: 6, 1-token: 3, at least 1), on one text."""
+    text = list(range(100, 130))  # 30 distinct tokens
+    assert LOOKUP_SHARE == {3: 1.0, 2: 0.3, 1: 0.15}
+    assert _PromptLookup(text + [100, 101, 102], start=0).propose(20) == text[3:23]
+    assert _PromptLookup(text + [7, 100, 101], start=0).propose(20) == text[2:8]
+    assert _PromptLookup(text + [7, 100], start=0).propose(20) == text[1:4]
+    assert _PromptLookup(text + [7, 100], start=0).propose(2) == text[1:2]  # rounded, at least one
+    assert _PromptLookup(text + [7, 8], start=0).propose(20) == []
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3_text"])

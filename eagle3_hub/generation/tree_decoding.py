@@ -34,8 +34,9 @@ Each row has a *root*: its latest token, sampled from the target but not yet in 
    target features feed the draft in the next step.
 
 Greedy decoding can add a *lookup branch* to the tree (``lookup_tokens`` > 0, prompt lookup / n-gram
-speculation): up to ``lookup_tokens`` tokens copied from the row's own text (prompt + output), the
-continuation of the latest earlier occurrence of its longest suffix of 1-3 tokens, as a chain under the root.
+speculation): tokens copied from the row's own text (prompt + output), the continuation of the latest
+earlier occurrence of its longest suffix of 1-3 tokens, as a chain under the root. A 3-token match proposes
+``lookup_tokens`` tokens, a shorter one a share of them (``LOOKUP_SHARE``): such copies rarely hold for long.
 It costs no draft forward and is verified with the tree, so the output is unchanged; it pays where the target
 repeats itself or copies from the prompt. Sampling does not use it (its proposals are not draft samples).
 
@@ -94,14 +95,21 @@ from transformers.utils import ModelOutput
 # Re-tune a better draft with run_sweep.sh.
 # CUDA: verification is flat up to 128 tokens on an H200 (eager, launch-bound: results/cuda-h200/): the
 # EAGLE-2/3 reference trees.
-# lookup_tokens (greedy only): the lookup branch's length. CPU: on the three suites (3 questions each, 256
-# tokens, stage-4 draft, one run, results/smollm2-135m-instruct/bench_lookup_branch/) 0 / 6 / 10 gave 1.07x /
-# 1.53x / 1.58x plain (acceptance 1.95 / 2.97 / 3.15). CUDA: not measured on a GPU yet; 10 more slots keep the
-# default tree's 60 + 1 within the flat range above, where they cost nothing.
+# lookup_tokens (greedy only): the lookup branch's length after a 3-token match (LOOKUP_SHARE below for shorter
+# ones). CPU: on the three suites (3 questions each, 256 tokens, stage-4 draft, one run, before LOOKUP_SHARE,
+# results/smollm2-135m-instruct/bench_lookup_branch/) 0 / 6 / 10 gave 1.07x / 1.53x / 1.58x plain (acceptance
+# 1.95 / 2.97 / 3.15); 20 with LOOKUP_SHARE: results/smollm2-135m-instruct/bench_lookup_share/. CUDA: not
+# measured on a GPU yet; 20 more slots keep the default tree's 60 + 1 within the flat range above.
 TREE_DEFAULTS: dict[str, dict[str, int]] = {
-    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 10},
-    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 10},
+    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20},
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20},
 }
+# share of lookup_tokens proposed after a match of the text's last 3 / 2 / 1 tokens (rounded, at least 1). On
+# SmolLM2's greedy answers to 10 questions per suite, the copy after a 3-token match holds for 15 tokens on
+# average on MT-bench (its first token 88% of the time, its 20th 32%), after a 2-token match 2.3 (45%), after a
+# 1-token match 0.6 (19%): long chains after weak matches are verification spent for nothing
+# (results/smollm2-135m-instruct/diagnostics/lookup_lengths.py).
+LOOKUP_SHARE = {3: 1.0, 2: 0.3, 1: 0.15}
 
 # device types on which a verification computes the target's logits only for the tree slots it needs (the
 # lm_head is ~20% of a small model's compute on a CPU); elsewhere for all slots (no host sync for the index)
@@ -360,14 +368,15 @@ def _check_tree_parameters(depth: int, top_k: int, total_tokens: int, draft_voca
 # ----------------------------------------------------------------------------------------------- decoder
 class _PromptLookup:
     """Draft tokens copied from a row's own text: after the latest earlier occurrence of the text's longest suffix
-    of ``max_ngram`` down to 1 tokens, the tokens that followed it. A copy that reaches the end of the text goes on
-    with the tokens it has copied (as an LZ77 match may overlap itself), so a loop of period P is proposed in full,
-    not only its first P tokens. ``tokens`` is the row's list, which the decoder appends to; positions before
-    ``start`` (left padding) are never matched. Indexing is incremental: each new token costs ``max_ngram`` dict
-    writes."""
+    of 3 down to 1 tokens, the tokens that followed it, ``m * share[n]`` of them (rounded, at least 1) after an
+    n-token match. A copy that reaches the end of the text goes on with the tokens it has copied (as an LZ77 match
+    may overlap itself), so a loop of period P is proposed in full, not only its first P tokens. ``tokens`` is the
+    row's list, which the decoder appends to; positions before ``start`` (left padding) are never matched.
+    Indexing is incremental: each new token costs 3 dict writes."""
 
-    def __init__(self, tokens: list[int], start: int, max_ngram: int = 3):
-        self.tokens, self.start, self.max_ngram = tokens, start, max_ngram
+    def __init__(self, tokens: list[int], start: int, share: dict[int, float] = LOOKUP_SHARE):
+        self.tokens, self.start, self.share = tokens, start, share
+        self.max_ngram = max(share)
         self.next_of: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
         self.indexed = start + 1  # positions p < indexed have their n-grams ending at p - 1 in next_of
 
@@ -380,6 +389,7 @@ class _PromptLookup:
         for n in range(min(self.max_ngram, len(t) - self.start), 0, -1):
             p = self.next_of.get(tuple(t[-n:]))
             if p is not None:
+                m = max(1, round(m * self.share[n]))
                 out = t[p : p + m]
                 while len(out) < m:  # past the end: the copy continues from what it copied
                     out.append(out[p + len(out) - len(t)])
