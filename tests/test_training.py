@@ -617,6 +617,34 @@ def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path, tin
     assert all(torch.equal(c[k], load_file(Path(full["output_dir"]) / "model.safetensors")[k]) for k in c)
 
 
+def test_stages_train_in_one_command_and_a_resumed_chain_skips_the_finished_ones(tmp_path, tiny_target_dir, data_dir,
+                                                                                capsys):
+    short = {"max_steps": 2, "eval_every": 2, "save_every": 2}
+    first = recipe_for(tmp_path / "one", tiny_target_dir, [data_dir / "sharegpt.jsonl"], train=short)
+    second = recipe_for(tmp_path / "two", tiny_target_dir, [data_dir / "ultrachat.parquet"], train=short,
+                        draft={"init_from": first["output_dir"], "draft_vocab_size": None})
+    first["stages"] = [str(write_recipe(tmp_path / "two.yaml", second))]
+    config = write_recipe(tmp_path / "one.yaml", first)
+    assert run_cli(config, "--train.lr", "0.002") == 0  # an override reaches every stage
+    out = capsys.readouterr().out
+    assert "[stages] stage 1/2" in out and "[stages] stage 2/2" in out
+    one, two = Path(first["output_dir"]), Path(second["output_dir"])
+    metrics = json.loads((two / "training_metrics.json").read_text())
+    (lineage,) = metrics["earlier_stages"]  # stage 2 continued stage 1's draft
+    assert lineage["steps"] == 2 and metrics["recipe"]["train"]["lr"] == 0.002
+    assert json.loads((Path(first["work_dir"]) / "finished.json").read_text())["output_dir"] == str(one)
+
+    # stage 2 interrupted: --resume skips stage 1 (its draft untouched) and finishes stage 2
+    (Path(second["work_dir"]) / "finished.json").unlink()
+    (two / "model.safetensors").unlink()
+    before = (one / "model.safetensors").stat().st_mtime_ns
+    assert run(argparse.Namespace(config=str(config), resume=True, overrides=[])) == 0
+    out = capsys.readouterr().out
+    assert "one.yaml finished earlier" in out and "two.yaml finished earlier" not in out
+    assert (one / "model.safetensors").stat().st_mtime_ns == before
+    assert (two / "model.safetensors").exists() and (Path(second["work_dir"]) / "finished.json").exists()
+
+
 def test_lora_mode_saves_an_adapter_loadable_as_a_peft_model_of_the_draft(tmp_path, trained, tiny_target_dir, data_dir):
     from peft import PeftModel
 
@@ -864,6 +892,9 @@ def foreign_draft(tmp_path_factory):
     ("reselect_not_a_bool", "draft.reselect_vocab must be true or false"),
     ("reuse_not_a_list", "features.reuse_from must be a list of earlier runs' work_dirs"),
     ("reuse_online", "features.reuse_from copies offline features: set features.mode: offline"),
+    ("stage_missing", "stage 2 recipe nowhere.yaml not found"),
+    ("stage_not_continuing", "stage 2 recipe .*later.yaml must continue the draft of stage 1"),
+    ("stage_same_work_dir", "stage 2 recipe .*later.yaml has the work_dir of stage 1"),
 ])
 def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tiny_target_dir, data_dir,
                                                     no_template_target, foreign_draft, capsys):
@@ -882,6 +913,12 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tin
         target = no_template_target
     elif case == "eval_not_a_bool":
         sources = [{"path": str(data_dir / "sharegpt.jsonl"), "eval": "no"}]
+    elif case in ("stage_not_continuing", "stage_same_work_dir"):
+        # a later stage that starts from another draft than stage 1's, or that would share its work_dir
+        init = str(foreign_draft) if case == "stage_not_continuing" else str(tmp_path / "work" / "draft")
+        later = recipe_for(tmp_path / ("later" if case == "stage_not_continuing" else ""), target, sources,
+                           draft={"init_from": init})
+        extra = ["--stages", f"[{write_recipe(tmp_path / 'later.yaml', later)}]"]
     else:
         extra = {"vocab_too_large": ["--draft.draft_vocab_size", "100000"],
                  "aux_out_of_range": ["--draft.aux_layer_ids", "[0, 1, 7]"],
@@ -893,7 +930,8 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tin
                  "reselect_without_draft": ["--draft.reselect_vocab", "true"],
                  "reselect_not_a_bool": ["--draft.reselect_vocab", "maybe"],
                  "reuse_not_a_list": ["--features.mode", "offline", "--features.reuse_from", "runs/stage1"],
-                 "reuse_online": ["--features.reuse_from", "[runs/stage1]"]}[case]
+                 "reuse_online": ["--features.reuse_from", "[runs/stage1]"],
+                 "stage_missing": ["--stages", "[nowhere.yaml]"]}[case]
     recipe = recipe_for(tmp_path, target, sources)
     config = write_recipe(tmp_path / "recipe.yaml", recipe)
     assert run_cli(config, *extra) == 2

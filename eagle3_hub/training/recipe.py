@@ -68,7 +68,12 @@ DEFAULTS: dict = {
     "output_dir": None,  # final draft folder (default: <work_dir>/draft)
     "push_to_hub": None,  # repo id
     "private": False,
+    # later recipe files (paths from the directory the command runs in), trained in order after this one, each
+    # continuing the draft the one before wrote (its draft.init_from): a draft trained in stages, in one command
+    "stages": [],
 }
+# keys a command-line override sets for the first recipe only, not for its later stages
+FIRST_STAGE_ONLY = ("stages", "work_dir", "output_dir")
 
 
 class RecipeLoader(yaml.SafeLoader):
@@ -132,3 +137,29 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -
     if recipe["output_dir"] is None:
         recipe["output_dir"] = str(Path(recipe["work_dir"]) / "draft")
     return recipe
+
+
+def load_stages(recipe: dict, overrides: dict | None = None) -> list[dict]:
+    """The recipe and its later ``stages``, each loaded with ``overrides`` (but for ``FIRST_STAGE_ONLY`` keys) and
+    checked to continue the draft the stage before writes; raises before anything is trained."""
+    paths = recipe["stages"]
+    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
+        raise ValueError(f"stages must be a list of recipe files, got {paths!r}")
+    later = {k: v for k, v in (overrides or {}).items() if k not in FIRST_STAGE_ONLY}
+    chain = [recipe]
+    for i, path in enumerate(paths, start=2):
+        if not Path(path).is_file():
+            raise ValueError(f"stage {i} recipe {path} not found (stages are paths from the directory you run in)")
+        stage = load_recipe(path, later)
+        if stage["stages"]:
+            raise ValueError(f"stage {i} recipe {path} lists stages of its own: list every stage in the first recipe")
+        before, init = chain[-1]["output_dir"], stage["draft"]["init_from"]
+        if init is None or Path(init).resolve() != Path(before).resolve():
+            raise ValueError(f"stage {i} recipe {path} must continue the draft of stage {i - 1}: its draft.init_from "
+                             f"is {init!r}, but stage {i - 1} writes {before}")
+        used = [i for i, r in enumerate(chain, start=1) if Path(r["work_dir"]).resolve() == Path(stage["work_dir"]).resolve()]
+        if used:
+            raise ValueError(f"stage {i} recipe {path} has the work_dir of stage {used[0]} ({stage['work_dir']}): "
+                             "give every stage its own work_dir")
+        chain.append(stage)
+    return chain

@@ -1,6 +1,6 @@
 """`eagle3-hub train`: target + data -> a trained EAGLE-3 draft folder.
 
-    eagle3-hub train --config recipes/smollm2-135m-instruct.yaml [--train.lr 3e-4 ...] [--resume]
+    eagle3-hub train --config recipes/smollm2-135m-instruct.yaml [--train.lr 3e-4 ...] [--resume]   # + its stages
     accelerate launch --config_file recipes/accelerate/ddp.yaml -m eagle3_hub.training.train --config ...
 
 Stages: data (load, regenerate, tokenise; cached in work_dir) -> draft vocabulary -> features (online, or an
@@ -31,9 +31,11 @@ from ..hub import HubPushError
 from ..targets import check_aux_layer_ids, load_target, num_decoder_layers
 from .data import DataError, build_conversations, tokenize_dataset
 from .features import OfflineFeatures, aux_features
-from .recipe import load_recipe, parse_overrides
+from .recipe import load_recipe, load_stages, parse_overrides
 from .ttt import acceptance_metrics, target_logit_positions, ttt_loss
 from .vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
+
+FINISHED = "finished.json"  # in work_dir: written last, by a run that completed (a resumed chain skips it)
 
 
 def atomic_write_json(path: Path, obj) -> None:
@@ -443,6 +445,8 @@ def train(recipe: dict, resume: bool = False) -> Path:
         step, epoch, skip, history = state["step"], state["epoch"], state["batches_in_epoch"], state["eval_history"]
         wall_before = state.get("wall_time_s", 0.0)
         accelerator.print(f"[resume] from {last} (step {step}, epoch {epoch}, batch {skip})")
+    if accelerator.is_main_process:
+        (work / FINISHED).unlink(missing_ok=True)  # this run is not finished (yet)
     if accelerator.is_main_process and ckpt_root.exists():
         for stale in ckpt_root.glob(".tmp-step-*"):  # a checkpoint whose writing was killed
             shutil.rmtree(stale, ignore_errors=True)
@@ -536,6 +540,7 @@ def train(recipe: dict, resume: bool = False) -> Path:
                 write_model_card(out_dir, training_info=metrics)
             except Exception as e:  # the draft is complete without its card; `eagle3-hub card` writes it later
                 print(f"[card] could not write the model card ({type(e).__name__}: {e}); run `eagle3-hub card {out_dir}`")
+        atomic_write_json(work / FINISHED, {"output_dir": str(out_dir), "steps": step, "wall_time_s": round(wall, 1)})
         accelerator.print(f"[done] draft written to {out_dir} ({step} steps, {wall / 60:.1f} min)")
         if recipe["push_to_hub"]:
             from ..hub import push_draft
@@ -581,7 +586,8 @@ def export_draft(model, out_dir: Path, metrics: dict | None = None, state_dict: 
 # ------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML recipe (see recipes/); any key can also be given as --section.key VALUE")
-    parser.add_argument("--resume", action="store_true", help="continue from the latest checkpoint in work_dir")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue from the latest checkpoint in work_dir; skip the recipe and stages that finished")
     parser.set_defaults(accepts_overrides=True, overrides=[])  # --section.key VALUE pairs, e.g. --train.lr 3e-4
 
 
@@ -589,8 +595,18 @@ def run(args) -> int:
     recipe = None
     try:
         overrides = parse_overrides([a for a in (args.overrides or []) if a != "--"])
-        recipe = load_recipe(args.config, overrides)
-        train(recipe, resume=args.resume)
+        chain = load_stages(load_recipe(args.config, overrides), overrides)
+        for stage in chain:
+            check_recipe(stage)
+        for i, recipe in enumerate(chain, start=1):
+            name = args.config if i == 1 else chain[0]["stages"][i - 2]
+            if len(chain) > 1:
+                print(f"[stages] stage {i}/{len(chain)}: {name}", flush=True)
+            if args.resume and (Path(recipe["work_dir"]) / FINISHED).exists():
+                print(f"[resume] {name} finished earlier ({Path(recipe['work_dir']) / FINISHED}): skipped; "
+                      "run without --resume to train it again", flush=True)
+                continue
+            train(recipe, resume=args.resume)
     except HubPushError as e:
         out = recipe["output_dir"] if recipe else "the output folder"
         print(f"eagle3-hub train: the draft is saved in {out} but the upload failed: {e}\n"
