@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from eagle3_hub.generation.tree_decoding import LOOKUP_SHARE, _PromptLookup
+from lookup_simulation import matched  # tokens of a proposal that equal the answer's next ones (same folder)
 
 ROOT = Path(__file__).resolve().parents[1]
 ANSWERS = ROOT / "acceptance_by_stage" / "target_answers.jsonl"
@@ -48,15 +49,6 @@ def match_length(lookup: _PromptLookup) -> int:
         if tuple(t[-n:]) in lookup.next_of:
             return n
     return 0
-
-
-def held(proposal: list[int], truth: list[int]) -> int:
-    k = 0
-    for a, b in zip(proposal, truth):
-        if a != b:
-            break
-        k += 1
-    return k
 
 
 def tree_histogram() -> list[int]:
@@ -80,7 +72,7 @@ def hold_table(records):
             lookup = _PromptLookup(text, start=0, share=COPY_ALL)
             for t in range(start, len(ids)):
                 proposal = lookup.propose(40)
-                ks[match_length(lookup)].append(held(proposal, ids[t:]))
+                ks[match_length(lookup)].append(matched(proposal, ids[t:]))
                 text.append(ids[t])
         print(f"{suite}: match length, positions, mean tokens held, share holding token 1 / 2 / 3 / 5 / 10 / 20 / 40")
         for n in sorted(ks):
@@ -102,7 +94,7 @@ def estimate(records, lookup_tokens: int, share: dict[int, float], hist: list[in
             truth = ids[len(text) :]
             proposal = lookup.propose(lookup_tokens)
             tree = rng.choices(range(len(hist)), hist)[0]
-            step = min(max(held(proposal, truth), tree) + 1, len(truth))
+            step = min(max(matched(proposal, truth), tree) + 1, len(truth))
             text += truth[:step]
             tokens, steps = tokens + step, steps + 1
             ms += DRAFT_MS + OTHER_MS + float(np.interp(TREE_SLOTS + len(proposal), *FORWARD_MS))
