@@ -157,7 +157,8 @@ def load_stages(recipe: dict, overrides: dict | None = None) -> list[dict]:
         if init is None or Path(init).resolve() != Path(before).resolve():
             raise ValueError(f"stage {i} recipe {path} must continue the draft of stage {i - 1}: its draft.init_from "
                              f"is {init!r}, but stage {i - 1} writes {before}")
-        used = [i for i, r in enumerate(chain, start=1) if Path(r["work_dir"]).resolve() == Path(stage["work_dir"]).resolve()]
+        work = Path(stage["work_dir"]).resolve()
+        used = [j for j, r in enumerate(chain, start=1) if Path(r["work_dir"]).resolve() == work]
         if used:
             raise ValueError(f"stage {i} recipe {path} has the work_dir of stage {used[0]} ({stage['work_dir']}): "
                              "give every stage its own work_dir")
