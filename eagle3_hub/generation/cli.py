@@ -61,7 +61,8 @@ def add_arguments(parser: argparse.ArgumentParser):
         "--lookup-tokens",
         type=int,
         default=None,
-        help="greedy: tokens copied from the text so far, verified as one more branch (0 = none; default: per device)",
+        help="greedy: tokens copied from the text so far after a 3-token match (fewer after shorter ones), verified "
+        "as one more branch (0 = none; default: per device)",
     )
     parser.add_argument(
         "--dtype",

@@ -1172,8 +1172,9 @@ def _generate(
         eos_token_id: stop ids (default: the target's generation config); stop_strings: needs ``tokenizer``.
         streamer: a transformers streamer (batch size 1); receives the prompt, then each accepted block.
         depth / tree_top_k / total_tokens: tree shape; ``None`` = ``TREE_DEFAULTS`` for the device.
-        lookup_tokens: length of the lookup branch (tokens copied from the text so far; greedy only, 0 = none);
-            ``None`` = ``TREE_DEFAULTS`` for the device when greedy, 0 when sampling.
+        lookup_tokens: length of the lookup branch (tokens copied from the text so far; greedy only, 0 = none)
+            after a 3-token match, less after shorter ones (``LOOKUP_SHARE``); ``None`` = ``TREE_DEFAULTS`` for the
+            device when greedy, 0 when sampling.
         on_step: ``on_step(tokens, num_from_draft)`` after every target forward: per row the tokens it just
             committed and how many of them came from the draft tree or the lookup branch (the rest: the
             target's bonus token).
