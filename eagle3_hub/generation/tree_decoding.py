@@ -380,7 +380,8 @@ class _PromptLookup:
         self.next_of: dict[tuple[int, ...], int] = {}  # n-gram -> position right after its latest occurrence
         self.indexed = start + 1  # positions p < indexed have their n-grams ending at p - 1 in next_of
 
-    def propose(self, m: int) -> list[int]:
+    def match(self) -> tuple[int, int]:
+        """(n, p): the longest suffix of the text seen before has n tokens (0: none) and was followed by t[p]."""
         t = self.tokens
         for p in range(self.indexed, len(t)):  # the n-grams ending at p - 1, each followed by t[p]
             for n in range(1, min(self.max_ngram, p - self.start) + 1):
@@ -389,12 +390,19 @@ class _PromptLookup:
         for n in range(min(self.max_ngram, len(t) - self.start), 0, -1):
             p = self.next_of.get(tuple(t[-n:]))
             if p is not None:
-                m = max(1, round(m * self.share[n]))
-                out = t[p : p + m]
-                while len(out) < m:  # past the end: the copy continues from what it copied
-                    out.append(out[p + len(out) - len(t)])
-                return out
-        return []
+                return n, p
+        return 0, 0
+
+    def propose(self, m: int) -> list[int]:
+        n, p = self.match()
+        if not n:
+            return []
+        t = self.tokens
+        m = max(1, round(m * self.share[n]))
+        out = t[p : p + m]
+        while len(out) < m:  # past the end: the copy continues from what it copied
+            out.append(out[p + len(out) - len(t)])
+        return out
 
 
 class _TreeDecoder:

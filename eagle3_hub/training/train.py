@@ -598,8 +598,7 @@ def run(args) -> int:
         chain = load_stages(load_recipe(args.config, overrides), overrides)
         for stage in chain:
             check_recipe(stage)
-        for i, recipe in enumerate(chain, start=1):
-            name = args.config if i == 1 else chain[0]["stages"][i - 2]
+        for i, (name, recipe) in enumerate(zip([args.config, *chain[0]["stages"]], chain), start=1):
             if len(chain) > 1:
                 print(f"[stages] stage {i}/{len(chain)}: {name}", flush=True)
             if args.resume and (Path(recipe["work_dir"]) / FINISHED).exists():

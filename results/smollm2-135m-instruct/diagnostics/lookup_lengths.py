@@ -42,15 +42,6 @@ FORWARD_MS = ([1, 8, 9, 12, 16, 19, 20, 24, 28, 32, 40, 48], [69, 101, 107, 115,
 DRAFT_MS, OTHER_MS, PLAIN_MS, TREE_SLOTS = 18.0, 6.0, 76.0, 9
 
 
-def match_length(lookup: _PromptLookup) -> int:
-    """n of the longest suffix of the text that ``lookup`` has seen before (0: none); after a ``propose`` call."""
-    t = lookup.tokens
-    for n in range(min(3, len(t) - lookup.start), 0, -1):
-        if tuple(t[-n:]) in lookup.next_of:
-            return n
-    return 0
-
-
 def tree_histogram() -> list[int]:
     """Accepted draft tokens per step of the tree alone (lookup 0) on MT-bench: counts for 0, 1, 2, ... tokens."""
     bench = json.load(open(TREE_BENCH))
@@ -72,7 +63,7 @@ def hold_table(records):
             lookup = _PromptLookup(text, start=0, share=COPY_ALL)
             for t in range(start, len(ids)):
                 proposal = lookup.propose(40)
-                ks[match_length(lookup)].append(matched(proposal, ids[t:]))
+                ks[lookup.match()[0]].append(matched(proposal, ids[t:]))
                 text.append(ids[t])
         print(f"{suite}: match length, positions, mean tokens held, share holding token 1 / 2 / 3 / 5 / 10 / 20 / 40")
         for n in sorted(ks):
