@@ -114,6 +114,51 @@ def test_greedy_tree_shapes(tree):
     assert torch.equal(out.sequences, ref)
 
 
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_fixed_shape_draft_levels_build_the_same_trees(arch, device, monkeypatch):
+    """``draft_graph=True`` (tree levels over a fixed-shape scratch cache and the context's validity over the
+    whole buffer: CUDA graphs on CUDA, eager on CPU) builds the same tree as the eager path at every step of the
+    same depth, with holes in the caches (a left-padded batch whose rows finish at different steps, so the graphs
+    are captured again for fewer rows), and stays lossless. The draft's attention output is made to matter (the
+    copy draft alone ignores it)."""
+    target = make_tiny_target(arch).to(device)
+    draft = copy_draft(target).to(device)
+    with torch.no_grad():
+        torch.manual_seed(0)
+        draft.midlayer.self_attn.o_proj.weight.normal_(std=0.3)
+    trees: dict[bool, list] = {False: [], True: []}
+    draft_tree = tree_decoding._TreeDecoder._draft_tree
+
+    def recording(self, depth):
+        out = draft_tree(self, depth)
+        trees[self.levels is not None].append((depth, [t.clone() for t in out]))
+        return out
+
+    monkeypatch.setattr(tree_decoding._TreeDecoder, "_draft_tree", recording)
+    prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4))]
+    ids, mask = (t.to(device) for t in left_padded(prompts))
+    outs = {
+        g: generate(target, draft, ids, attention_mask=mask, max_new_tokens=60, eos_token_id=[], draft_graph=g, **TREE)
+        for g in (False, True)
+    }
+    for i, p in enumerate(prompts):
+        ref = plain_greedy(target, p[None].to(device), 60)[0, len(p) :]
+        assert torch.equal(outs[True].sequences[i, 12:], ref), f"row {i}"
+    assert torch.equal(outs[True].sequences, outs[False].sequences)
+    pairs = [(a, b) for a, b in zip(trees[False], trees[True]) if a[0] == b[0]]
+    assert len(pairs) >= len(trees[False]) - 3  # the default path shrinks the depth in the last steps only
+    for step, ((_, tree), (_, fixed)) in enumerate(pairs):
+        assert all(torch.equal(x, y) for x, y in zip(tree, fixed)), f"step {step}"
+    assert outs[True].stats.draft_forwards == outs[False].stats.draft_forwards + sum(
+        b[0] - a[0] for a, b in zip(trees[False], trees[True])
+    )
+    assert outs[True].stats.mean_acceptance_length > 2  # the tree is accepted, so its levels are checked
+
+
 def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
     """On CPU a verification computes the logits of the slots with children only, rounded up to a multiple of
     LOGITS_ROWS_MULTIPLE rows (MKL's small-batch sgemm is ~2x dearer for 3 or 7 rows); the output stays lossless."""

@@ -41,7 +41,15 @@ SIZES = {
     "tiny": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=1024),
     "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
 }
-SHAPES = [(6, 10, 60), (4, 4, 8), (5, 8, 32), (8, 10, 80)]  # (depth, top_k, total_tokens); the first = CUDA default
+# tree decoding variants timed: (depth, top_k, total_tokens, lookup_tokens, draft_graph); the first = CUDA default.
+# The second and third isolate the CUDA graph of the draft's tree levels and the lookup branch.
+VARIANTS = [
+    (6, 10, 60, 20, True),
+    (6, 10, 60, 20, False),
+    (6, 10, 60, 0, True),
+    (4, 4, 8, 20, True),
+    (8, 10, 80, 20, True),
+]
 
 
 def random_target(size: str, device: str, seed: int = 0):
@@ -80,15 +88,19 @@ def prompts(vocab: int, lengths, device, seed=1):
     return [torch.randint(3, vocab, (n,), generator=g).to(device) for n in lengths]
 
 
-def lossless(target, draft, device, new_tokens: int, shape) -> dict:
-    depth, k, n = shape
+def _tree_kwargs(variant) -> dict:
+    depth, k, n, lookup, graph = variant
+    return dict(depth=depth, tree_top_k=k, total_tokens=n, lookup_tokens=lookup, draft_graph=graph)
+
+
+def lossless(target, draft, device, new_tokens: int, variant) -> dict:
     rows = []
     ps = prompts(target.config.vocab_size, (32, 100, 200), device)
     for p in ps:
         ids, mask = p[None], torch.ones_like(p[None])
         ref = plain_greedy(target, ids, mask, new_tokens)
         out = tree_decode(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[],
-                          depth=depth, tree_top_k=k, total_tokens=n)
+                          **_tree_kwargs(variant))
         rows.append({"prompt_len": len(p), "equal": bool(torch.equal(out.sequences, ref)),
                      "acceptance": round(out.stats.mean_acceptance_length, 2)})
     L = max(len(p) for p in ps)
@@ -97,7 +109,7 @@ def lossless(target, draft, device, new_tokens: int, shape) -> dict:
     for i, p in enumerate(ps):
         ids[i, L - len(p):], mask[i, L - len(p):] = p, 1
     out = tree_decode(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens // 2, eos_token_id=[],
-                      depth=depth, tree_top_k=k, total_tokens=n)
+                      **_tree_kwargs(variant))
     batch_equal = all(
         torch.equal(out.sequences[i, L:], plain_greedy(target, p[None], torch.ones_like(p[None]), new_tokens // 2)[0, len(p):])
         for i, p in enumerate(ps)
@@ -106,14 +118,13 @@ def lossless(target, draft, device, new_tokens: int, shape) -> dict:
             "all_equal": batch_equal and all(r["equal"] for r in rows)}
 
 
-def bf16_agreement(target, draft, device, new_tokens: int, shape) -> list[dict]:
-    depth, k, n = shape
+def bf16_agreement(target, draft, device, new_tokens: int, variant) -> list[dict]:
     rows = []
     for p in prompts(target.config.vocab_size, (32, 100, 200), device, seed=2):
         ids, mask = p[None], torch.ones_like(p[None])
         ref = plain_greedy(target, ids, mask, new_tokens)[0, len(p):]
         out = tree_decode(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[],
-                          depth=depth, tree_top_k=k, total_tokens=n).sequences[0, len(p):]
+                          **_tree_kwargs(variant)).sequences[0, len(p):]
         diff = (out != ref).nonzero()
         rows.append({"prompt_len": len(p), "first_divergence": int(diff[0]) if len(diff) else None,
                      "equal": not len(diff)})
@@ -142,7 +153,7 @@ def forward_cost(target, device, context: int = 512, sizes=(1, 4, 8, 16, 32, 64,
     return result
 
 
-def timing(target, draft, device, new_tokens: int, shapes, num_prompts: int = 3, on_result=print,
+def timing(target, draft, device, new_tokens: int, variants, num_prompts: int = 3, on_result=print,
            result: dict | None = None) -> dict:
     ps = prompts(target.config.vocab_size, (64, 128, 192)[:num_prompts], device, seed=3)
     one = lambda p: (p[None], torch.ones_like(p[None]))  # noqa: E731
@@ -178,16 +189,23 @@ def timing(target, draft, device, new_tokens: int, shapes, num_prompts: int = 3,
     result["assisted_stats"] = stats
     on_result(result)
     result["tree"] = []
-    for depth, k, n in shapes:
-        def tree(p, m, depth=depth, k=k, n=n):
-            out = tree_decode(target, draft, *one(p), max_new_tokens=m, eos_token_id=[], depth=depth, tree_top_k=k, total_tokens=n)
+    for variant in variants:
+        def tree(p, m, variant=variant):
+            out = tree_decode(target, draft, *one(p), max_new_tokens=m, eos_token_id=[], **_tree_kwargs(variant))
             return out.stats.new_tokens, out.stats
-        tps, stats = timed(tree)
+        depth, k, n, lookup, graph = variant
+        row = {"depth": depth, "top_k": k, "total_tokens": n, "lookup_tokens": lookup, "draft_graph": graph}
+        try:
+            tps, stats = timed(tree)
+        except Exception as e:  # one variant failing (e.g. graph capture on a new driver) must not hide the rest
+            result["tree"].append({**row, "error": f"{type(e).__name__}: {e}"})
+            on_result(result["tree"][-1])
+            continue
         steps = sum(s.steps for s in stats)
         ms = {ph: round(1e3 * sum(getattr(s, f"{ph}_time_s") for s in stats) / steps, 2) for ph in ("draft", "verify", "overhead")}
         acc = sum(s.new_tokens for s in stats) / sum(s.target_forwards for s in stats)
         step_ms = sum(ms.values())
-        result["tree"].append({"depth": depth, "top_k": k, "total_tokens": n, "tok_s": round(tps, 1),
+        result["tree"].append({**row, "tok_s": round(tps, 1),
                                "speedup_vs_plain": round(tps / result["plain_tok_s"], 2),
                                "acceptance": round(acc, 2), "per_step_ms": ms,
                                "break_even_acceptance": round(step_ms / plain_ms, 2)})
@@ -198,17 +216,21 @@ def timing(target, draft, device, new_tokens: int, shapes, num_prompts: int = 3,
 def markdown(r: dict) -> str:
     lines = [f"# Tree decoding on a random {r['size']} Llama target ({r['device_name']})", "",
              f"torch {r['torch']}, transformers {r['transformers']}; {r['new_tokens']} new tokens per prompt.", "",
-             f"Lossless float32 (tree {r['lossless_shape']}): all equal to plain greedy = **{r['lossless']['all_equal']}**; "
+             f"Lossless float32 (depth, top_k, total_tokens, lookup_tokens, draft_graph = {r['lossless_shape']}): all equal to plain greedy = **{r['lossless']['all_equal']}**; "
              f"batch-1 rows {r['lossless']['batch1']}; left-padded batch of 3 rows equal: {r['lossless']['batch3_left_padded_rows_equal']}.", "",
              f"bfloat16 agreement with bf16 plain greedy: {r['bf16_agreement']}", "",
              "Target forward (bf16) behind a 512-token cache, ms by tokens verified: "
              + ", ".join(f"{n}: {ms}" for n, ms in r["forward_ms"].items()), "",
              f"plain greedy {r['timing']['plain_tok_s']} tok/s; assisted {r['timing']['assisted_tok_s']} tok/s", "",
-             "| depth | top_k | total | tok/s | x plain | acceptance | draft ms | verify ms | overhead ms | break-even acceptance |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| depth | top_k | total | lookup | draft graph | tok/s | x plain | acceptance | draft ms | verify ms | overhead ms | break-even acceptance |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for t in r["timing"]["tree"]:
+        if "error" in t:
+            lines.append(f"| {t['depth']} | {t['top_k']} | {t['total_tokens']} | {t['lookup_tokens']} | {t['draft_graph']} "
+                         f"| failed: {t['error'][:80]} |")
+            continue
         ms = t["per_step_ms"]
-        lines.append(f"| {t['depth']} | {t['top_k']} | {t['total_tokens']} | {t['tok_s']} | {t['speedup_vs_plain']} | {t['acceptance']} "
+        lines.append(f"| {t['depth']} | {t['top_k']} | {t['total_tokens']} | {t['lookup_tokens']} | {t['draft_graph']} | {t['tok_s']} | {t['speedup_vs_plain']} | {t['acceptance']} "
                      f"| {ms['draft']} | {ms['verify']} | {ms['overhead']} | {t['break_even_acceptance']} |")
     lines += ["", "Acceptance comes from a copy draft on a random target (repetitive text): not a trained draft's. "
               "Break-even acceptance = step time / plain time per token: a trained draft needs that for 1x, twice it for 2x."]
@@ -238,7 +260,7 @@ def main(argv=None):
     t0 = time.time()
     target = random_target(args.size, dev)
     draft = copy_draft(target)
-    shape = SHAPES[0]
+    shape = VARIANTS[0]
     r["lossless_shape"] = shape
     if "lossless" in phases:
         r["lossless"] = lossless(target, draft, dev, args.new_tokens, shape)
@@ -254,7 +276,7 @@ def main(argv=None):
         print("forward ms:", r["forward_ms"], flush=True)
         save()
     if "timing" in phases:
-        r["timing"] = timing(target, draft, dev, args.new_tokens, SHAPES, args.prompts,
+        r["timing"] = timing(target, draft, dev, args.new_tokens, VARIANTS, args.prompts,
                              on_result=lambda t: (print(t, flush=True), save()), result=r.setdefault("timing", {}))
     r["wall_s"] = round(time.time() - t0, 1)
     save()

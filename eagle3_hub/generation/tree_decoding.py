@@ -234,10 +234,11 @@ class TreeKVCache(DynamicCache):
         b, h, _, d = like.shape
         if self.buffer is None:
             self.capacity = max(self.capacity, self.end)
-            self.buffer = like.new_empty(self.num_layers, 2, b, h, self.capacity, d)
+            # zeros, not empty: the fixed-shape draft path attends over unwritten slots (masked; NaN would leak)
+            self.buffer = like.new_zeros(self.num_layers, 2, b, h, self.capacity, d)
         elif self.end > self.capacity:
             self.capacity = max(2 * self.capacity, self.end)
-            grown = self.buffer.new_empty(*self.buffer.shape[:4], self.capacity, d)
+            grown = self.buffer.new_zeros(*self.buffer.shape[:4], self.capacity, d)
             grown[..., : self._start, :] = self.buffer[..., : self._start, :]
             self.buffer = grown
 
@@ -275,6 +276,88 @@ class TreeKVCache(DynamicCache):
     def select_rows(self, rows: torch.Tensor):
         if self.buffer is not None:
             self.buffer = self.buffer.index_select(2, rows)
+
+
+class _ScratchCache:
+    """The draft's cache for the tree levels on fixed shapes: a copy of the whole context buffer (capacity C,
+    unwritten slots masked out) followed by the tree slots, written at fixed offsets. Every level then has the
+    same shapes in every step, as a CUDA graph needs, and the context cache is left untouched."""
+
+    def __init__(self, context: TreeKVCache, slots: int):
+        self.context = context
+        _, _, b, h, C, d = context.buffer.shape
+        self.kv = context.buffer.new_zeros(2, b, h, C + slots, d)
+        self.C = C
+        self.end = C
+
+    def reset(self):
+        self.kv[:, :, :, : self.C] = self.context.buffer[0]
+        self.end = self.C
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        start, self.end = self.end, self.end + key_states.shape[-2]
+        self.kv[0, :, :, start : self.end] = key_states
+        self.kv[1, :, :, start : self.end] = value_states
+        return self.kv[0, :, :, : self.end], self.kv[1, :, :, : self.end]
+
+
+class _DraftLevels:
+    """Levels 2..depth of the draft tree over fixed-shape buffers (``_TreeDecoder._grow`` with a
+    ``_ScratchCache`` and the context's validity over the whole buffer). With ``capture`` (CUDA) they run as
+    one CUDA graph per (rows, depth, context buffer), captured at first use and replayed afterwards: a level
+    is ~30 small kernels whose launches, not their work, cost the time at batch 1. Without ``capture`` the
+    same fixed-shape code runs eagerly (its test on CPU)."""
+
+    def __init__(self, capture: bool):
+        self.capture = capture
+        self.entries: dict[tuple, tuple] = {}
+
+    def __call__(self, dec: "_TreeDecoder", depth: int, score, token, root_hidden):
+        ctx = dec.dcache
+        b, k = score.shape
+        key = (b, depth, ctx.buffer.data_ptr(), ctx.buffer.shape[4])
+        if key not in self.entries:
+            if self.capture:  # graphs of the old buffer or of more rows are not used again
+                self.entries = {e: v for e, v in self.entries.items() if e[2:] == key[2:] and e[0] == b}
+            static = {
+                "score": score.clone(),
+                "token": token.clone(),
+                "hidden": root_hidden.clone(),
+                "valid": torch.zeros(b, ctx.buffer.shape[4], dtype=torch.bool, device=score.device),
+                "pos": dec.next_pos.clone(),
+            }
+            self.entries[key] = (static, _ScratchCache(ctx, (depth - 1) * k), None, None)
+        static, scratch, graph, out = self.entries[key]
+        static["score"].copy_(score)
+        static["token"].copy_(token)
+        static["hidden"].copy_(root_hidden)
+        static["valid"][:, : ctx.length] = dec.d_valid
+        static["valid"][:, ctx.length :] = False
+        static["pos"].copy_(dec.next_pos)
+        forwards = dec.stats.draft_forwards
+
+        def levels():
+            scratch.reset()
+            return dec._grow(depth, static["score"], static["token"], static["hidden"], static["valid"][:, None, :],
+                             scratch, static["pos"])
+
+        if not self.capture:
+            out = levels()
+        elif graph is None:
+            side = torch.cuda.Stream(device=score.device)
+            side.wait_stream(torch.cuda.current_stream(score.device))
+            with torch.cuda.stream(side):  # warm-up outside the graph (library handles, workspaces)
+                levels()
+            torch.cuda.current_stream(score.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = levels()
+            self.entries[key] = (static, scratch, graph, out)
+            graph.replay()
+        else:
+            graph.replay()
+        dec.stats.draft_forwards = forwards + depth - 1
+        return tuple(t.clone() for t in out)  # the graph's outputs are overwritten by its next replay
 
 
 # ----------------------------------------------------------------------------------------------- helpers
@@ -427,6 +510,7 @@ class _TreeDecoder:
         streamer,
         on_step: Callable | None,
         generator: torch.Generator | None,
+        draft_graph: bool = False,
     ):
         self.target, self.draft = target, draft
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
@@ -467,6 +551,8 @@ class _TreeDecoder:
         )
         self._timed = self.device.type == "cuda"
         self._events: list = []
+        # the tree levels on fixed shapes: one CUDA graph per shape on CUDA (draft_graph)
+        self.levels = _DraftLevels(capture=self.device.type == "cuda") if draft_graph else None
 
     # ------------------------------------------------------------------ timing
     def _clock(self):
@@ -527,15 +613,17 @@ class _TreeDecoder:
         features=None,
         hidden=None,
         logits_to_keep=0,
+        cache=None,
     ):
-        """``allowed``: (b, s, kv) bool, or None for causal attention over the whole draft cache."""
+        """``allowed``: (b, s, kv) bool, or None for causal attention over the whole draft cache. ``cache``: the
+        draft's context cache by default."""
         out = self.draft(
             inputs_embeds=F.embedding(tokens, self.d_embed),
             target_hidden_states=features,
             hidden_states=hidden,
             position_ids=position_ids,
             attention_mask=None if allowed is None else _additive_mask(allowed, self.d_dtype),
-            cache=self.dcache,
+            cache=self.dcache if cache is None else cache,
             use_cache=True,
             logits_to_keep=logits_to_keep,
         )
@@ -661,7 +749,10 @@ class _TreeDecoder:
         # ---- tree steps
         while self.rows:
             remaining = max(self.max_new_tokens - self.generated[r] for r in self.rows)
-            self._step(min(self.depth, remaining - 1), min(self.lookup_tokens, remaining - 1))
+            depth = min(self.depth, remaining - 1)
+            if self.levels is not None and depth >= 1:
+                depth = self.depth  # one shape (one graph) to the end: _emit stops each row at max_new_tokens
+            self._step(depth, min(self.lookup_tokens, remaining - 1))
 
         # ---- output
         if self._timed:
@@ -846,7 +937,6 @@ class _TreeDecoder:
         node i is slot i+1) and depths (b, N); nodes are ordered so that parents precede children."""
         dev = self.device
         b, k = len(self.rows), self.top_k
-        H = self.draft.config.hidden_size
 
         # 1. the accepted tokens' target features -> draft context; the root's children from its slot
         A = self.pend_tok.shape[1]
@@ -870,28 +960,39 @@ class _TreeDecoder:
         )
         self.dcache.commit()
         self.d_valid = torch.cat([self.d_valid, self.pend_valid], dim=1)
-        ctx_allowed = self.d_valid[:, None, :]  # (b, 1, Td + A)
-
         logp = self._draft_log_probs(logits[:, -1])  # (b, Vd)
-        score, draft_ids = logp.topk(k, dim=-1)  # (b, k)
+        score, draft_ids = logp.topk(k, dim=-1)  # (b, k): the root's children
         token = draft_ids + self.d2t[draft_ids]
+        if self.levels is not None:  # fixed shapes (a CUDA graph on CUDA)
+            return self.levels(self, depth, score, token, hidden[:, -1:])
+        tree = self._grow(depth, score, token, hidden[:, -1:], self.d_valid[:, None, :], self.dcache, self.next_pos)
+        self.dcache.rollback()  # the tree's draft slots are not context
+        return tree
+
+    def _grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos):
+        """Levels 2..depth of the tree from the root's k children (score, token: (b, k); root_hidden (b, 1, H)),
+        then the best ``total_tokens`` nodes of the pool. ``ctx_allowed`` (b, 1, C): the draft context slots of
+        ``cache`` each row may read; the levels append their slots to ``cache`` after them."""
+        dev = self.device
+        b, k = score.shape
+        H = root_hidden.shape[-1]
         pool_score, pool_tok = [score], [token]
         sentinel = k + (depth - 1) * k * k  # "parent = root"
         pool_parent = [torch.full((b, k), sentinel, dtype=torch.long, device=dev)]
         # frontier: nodes fed to the next draft forward
         f_score, f_tok = score, token
-        f_hidden = hidden[:, -1:].expand(b, k, H)
+        f_hidden = root_hidden.expand(b, k, H)
         f_index = torch.arange(k, device=dev).expand(b, k)  # pool index
         f_anc = torch.zeros(b, k, 0, dtype=torch.bool, device=dev)  # ancestors among the fed tree slots
         eye_k = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
         offset = k
 
-        # 2. one draft forward per further level
+        # one draft forward per further level
         for lvl in range(2, depth + 1):
             anc_self = torch.cat([f_anc, eye_k], dim=-1)  # (b, k, (lvl-1)*k)
             allowed = torch.cat([ctx_allowed.expand(b, k, ctx_allowed.shape[-1]), anc_self], dim=-1)
-            f_pos = (self.next_pos + lvl - 2)[:, None].expand(b, k)  # a depth-d node sits at root pos + d - 1
-            logits, hidden = self._draft_forward(f_tok, f_pos, allowed, hidden=f_hidden)
+            f_pos = (next_pos + lvl - 2)[:, None].expand(b, k)  # a depth-d node sits at root pos + d - 1
+            logits, hidden = self._draft_forward(f_tok, f_pos, allowed, hidden=f_hidden, cache=cache)
             logp = self._draft_log_probs(logits)  # (b, k, Vd)
             child_logp, child_ids = logp.topk(k, dim=-1)  # (b, k, k)
             c_score = (f_score[:, :, None] + child_logp).reshape(b, k * k)
@@ -908,9 +1009,8 @@ class _TreeDecoder:
                 f_anc = anc_self.gather(1, parent_j[:, :, None].expand(b, k, anc_self.shape[-1]))
                 f_index = offset + best
             offset += k * k
-        self.dcache.rollback()  # the tree's draft slots are not context
 
-        # 3. the best total_tokens nodes of the pool by cumulative log-probability
+        # the best total_tokens nodes of the pool by cumulative log-probability
         pool_score = torch.cat(pool_score, dim=1)  # (b, P)
         P = pool_score.shape[1]
         N = min(self.total_tokens, P)
@@ -1057,6 +1157,7 @@ def _run(
     tree_top_k,
     total_tokens,
     lookup_tokens=None,
+    draft_graph=None,
 ) -> TreeDecodingOutput:
     draft = _prepare_draft(draft, target)
     if input_ids.dim() == 1:
@@ -1109,6 +1210,8 @@ def _run(
         )
     if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
+    if draft_graph is None:
+        draft_graph = device.type == "cuda"
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else 0
     if max_new_tokens == 0:
@@ -1132,6 +1235,7 @@ def _run(
         streamer=streamer,
         on_step=on_step,
         generator=generator,
+        draft_graph=bool(draft_graph),
     )
     was_training = (target.training, draft.training)
     target.eval()
@@ -1168,6 +1272,7 @@ def _generate(
     lookup_tokens: int | None = None,
     on_step: Callable[[list[list[int]], list[int]], None] | None = None,
     generator: torch.Generator | None = None,
+    draft_graph: bool | None = None,
 ) -> TreeDecodingOutput:
     """EAGLE tree decoding of ``target`` with ``draft``; equal to ``target.generate`` in distribution (token
     for token when greedy, up to floating-point ties).
@@ -1187,6 +1292,9 @@ def _generate(
             committed and how many of them came from the draft tree or the lookup branch (the rest: the
             target's bonus token).
         generator: a ``torch.Generator`` for sampling.
+        draft_graph: run the draft's tree levels on fixed shapes, as one CUDA graph per (rows, depth) on CUDA
+            (captured at first use: launches, not work, cost the time of a small draft at batch 1). ``None`` =
+            on CUDA only; elsewhere the fixed-shape path runs eagerly and is slower (it exists for testing).
 
     Returns ``TreeDecodingOutput(sequences (b, L + new), stats)``; rows that stopped are right-padded.
     """
@@ -1232,6 +1340,7 @@ def _generate(
         tree_top_k=tree_top_k,
         total_tokens=total_tokens,
         lookup_tokens=lookup_tokens,
+        draft_graph=draft_graph,
     )
 
 
@@ -1249,6 +1358,7 @@ def tree_generate(
     lookup_tokens: int | None = None,
     on_step: Callable | None = None,
     generator: torch.Generator | None = None,
+    draft_graph: bool | None = None,
     **model_kwargs,
 ):
     """``target.generate(ids, custom_generate=tree_generate, draft=draft, ...)``.
@@ -1287,6 +1397,7 @@ def tree_generate(
         tree_top_k=tree_top_k,
         total_tokens=total_tokens,
         lookup_tokens=lookup_tokens,
+        draft_graph=draft_graph,
     )
     return out if generation_config.return_dict_in_generate else out.sequences
 
@@ -1369,7 +1480,7 @@ def generate(*args, **kwargs):
         generate(target, draft, input_ids, attention_mask=None, max_new_tokens=256, do_sample=False,
                  temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, stop_strings=None, tokenizer=None,
                  streamer=None, depth=None, tree_top_k=None, total_tokens=None, lookup_tokens=None, on_step=None,
-                 generator=None)
+                 generator=None, draft_graph=None)
         -> TreeDecodingOutput(sequences, stats)
 
     Also the entry point of ``custom_generate/generate.py``: transformers calls it as
