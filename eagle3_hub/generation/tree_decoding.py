@@ -62,6 +62,7 @@ as the target's (processed) next-token distribution given everything before it.
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import time
@@ -1084,6 +1085,18 @@ class _TreeDecoder:
 
 
 # ----------------------------------------------------------------------------------------------- API
+def _attention_kernels(device: torch.device):
+    """On CUDA, scaled-dot-product attention without the cuDNN kernel. cuDNN attention builds an execution plan
+    for every new (query length, key length) pair, ~40 ms each on an H200 (results/cuda-h200/), and tree decoding
+    meets a new key length nearly every step (the cache grows by the accepted tokens); the flash and
+    memory-efficient kernels need no plan."""
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def _prepare_draft(draft, target):
     if draft is None:
         raise ValueError(
@@ -1241,7 +1254,7 @@ def _run(
     target.eval()
     draft.eval()
     try:
-        with _PausedFeatureHooks(draft), torch.inference_mode():
+        with _PausedFeatureHooks(draft), torch.inference_mode(), _attention_kernels(device):
             rows = decoder.run(input_ids, attention_mask)
     finally:
         target.train(was_training[0])
