@@ -13,6 +13,8 @@ Measurement: methods are interleaved per question (their order rotates from one 
 warm-up, so machine drift and caching effects spread evenly over the methods. Forward hooks on the target and
 the draft give the time split (draft / verify / the rest) and, from where each target forward starts, how many
 draft tokens each step accepted. Greedy outputs of every method are compared token by token with plain greedy.
+On CUDA every method runs on the same attention kernels, without cuDNN's (``attention_kernels``: its per-shape
+plans made plain ``generate`` 3.2x slower on an H200, results/cuda-h200/).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from ..generation.tree_decoding import attention_kernels
 from .suites import STANDARD_SUITES, Suite, load_suites
 
 METHOD_NAMES = ("plain", "lookup", "assisted", "tree", "assistant")
@@ -405,7 +408,7 @@ class TurnRunner:
         self.memory.reset()
         _sync(self.device)
         t0 = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), attention_kernels(self.device):  # every method on the same attention kernels
             sequences, stats = method.run(input_ids, attention_mask, gc)
         _sync(self.device)
         elapsed = time.perf_counter() - t0

@@ -33,6 +33,7 @@ import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.cache_utils import DynamicCache
 
+from ..generation.tree_decoding import attention_kernels
 from ..generation.tree_decoding import generate as tree_decode
 from ..modeling_eagle3 import Eagle3DraftModel
 
@@ -276,8 +277,10 @@ def main(argv=None):
         print("forward ms:", r["forward_ms"], flush=True)
         save()
     if "timing" in phases:
-        r["timing"] = timing(target, draft, dev, args.new_tokens, VARIANTS, args.prompts,
-                             on_result=lambda t: (print(t, flush=True), save()), result=r.setdefault("timing", {}))
+        r["attention_kernels"] = "every method without cuDNN SDPA (eagle3_hub's attention_kernels)"
+        with attention_kernels(torch.device(dev)):
+            r["timing"] = timing(target, draft, dev, args.new_tokens, VARIANTS, args.prompts,
+                                 on_result=lambda t: (print(t, flush=True), save()), result=r.setdefault("timing", {}))
     r["wall_s"] = round(time.time() - t0, 1)
     save()
     if phases >= {"lossless", "bf16", "forward", "timing"}:

@@ -1085,11 +1085,13 @@ class _TreeDecoder:
 
 
 # ----------------------------------------------------------------------------------------------- API
-def _attention_kernels(device: torch.device):
-    """On CUDA, scaled-dot-product attention without the cuDNN kernel. cuDNN attention builds an execution plan
-    for every new (query length, key length) pair, ~40 ms each on an H200 (results/cuda-h200/), and tree decoding
-    meets a new key length nearly every step (the cache grows by the accepted tokens); the flash and
-    memory-efficient kernels need no plan."""
+def attention_kernels(device: torch.device):
+    """On CUDA, scaled-dot-product attention without the cuDNN kernel (a context manager; a no-op elsewhere).
+    cuDNN attention builds an execution plan for every new (query length, key length) pair, ~40 ms each on an
+    H200 with torch 2.11 (results/cuda-h200/), and decoding meets a new key length at every step; the flash and
+    memory-efficient kernels need no plan. Tree decoding runs under it; the benchmark runs every method under it,
+    so that all compare on the same kernels (plain ``generate`` with a padding mask was 3.2x slower there
+    without it)."""
     if device.type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -1254,7 +1256,7 @@ def _run(
     target.eval()
     draft.eval()
     try:
-        with _PausedFeatureHooks(draft), torch.inference_mode(), _attention_kernels(device):
+        with _PausedFeatureHooks(draft), torch.inference_mode(), attention_kernels(device):
             rows = decoder.run(input_ids, attention_mask)
     finally:
         target.train(was_training[0])
@@ -1520,6 +1522,7 @@ def write_custom_generate(folder: str | Path) -> Path:
 
 __all__ = [
     "TREE_DEFAULTS",
+    "attention_kernels",
     "TreeDecodingOutput",
     "TreeDecodingStats",
     "TreeKVCache",
