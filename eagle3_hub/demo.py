@@ -502,6 +502,7 @@ def race(loaded: LoadedPair, plain_messages: list[dict], eagle_messages: list[di
     Yields ``(plain: PaneView, eagle: PaneView)`` while they run (at most every ``refresh_seconds`` when
     something changed) and once more at the end. Closing the generator stops the decoding thread.
     """
+    from .generation.tree_decoding import attention_kernels
     from .generation.tree_decoding import generate as tree_generate
 
     tok = loaded.tokenizer
@@ -577,7 +578,8 @@ def race(loaded: LoadedPair, plain_messages: list[dict], eagle_messages: list[di
 
     def guarded_work():
         try:
-            work()
+            with attention_kernels(loaded.device):  # both panes on the same attention kernels
+                work()
         finally:
             changed.set()
 

@@ -9,9 +9,10 @@ What it measures (one JSON + one Markdown table in ``--out``):
   * the target forward's cost by number of verified tokens (1 .. 128 behind a 512-token cache): what a
     tree of N nodes costs on this device compared with one plain decoding step.
   * bfloat16 tokens/s of plain greedy, assisted generation (our draft as ``assistant_model``) and tree
-    decoding at several tree shapes, with the per-step draft / verify / overhead split and the
-    *break-even acceptance length* (step time / plain time per token): the acceptance a trained draft needs
-    for 1x, and twice that for 2x, on this device.
+    decoding variants (``VARIANTS``: tree shapes, the lookup branch on/off, the draft's CUDA graph on/off),
+    with the per-step draft / verify / overhead split and the *break-even acceptance length* (step time /
+    plain time per token): the acceptance a trained draft needs for 1x, and twice that for 2x, on this device.
+    Every method runs on the same attention kernels (``attention_kernels``: no cuDNN SDPA on CUDA).
 
 The draft is a "copy draft" (no training possible without the target's data): ``fc`` passes the last aux
 feature (the output of the last decoder layer) so the draft proposes the target's own last prediction down
