@@ -318,9 +318,8 @@ class _DraftLevels:
         ctx = dec.dcache
         b, k = score.shape
         key = (b, depth, ctx.buffer.data_ptr(), ctx.buffer.shape[4])
-        if key not in self.entries:
-            if self.capture:  # graphs of the old buffer or of more rows are not used again
-                self.entries = {e: v for e, v in self.entries.items() if e[2:] == key[2:] and e[0] == b}
+        if key not in self.entries:  # those of an old context buffer or of more rows are not used again
+            self.entries = {e: v for e, v in self.entries.items() if e[2:] == key[2:] and e[0] == b}
             static = {
                 "score": score.clone(),
                 "token": token.clone(),
