@@ -31,6 +31,7 @@ from eagle3_hub.generation.tree_decoding import (
     TREE_DEFAULTS,
     TreeDecodingOutput,
     _PromptLookup,
+    attention_kernels,
     generate,
     tree_defaults,
     tree_generate,
@@ -722,6 +723,18 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="lookup_tokens works with greedy decoding only"):
         generate(target, draft, ids, max_new_tokens=4, do_sample=True, lookup_tokens=4)
     assert generate(target, draft, ids, max_new_tokens=4, do_sample=True).stats.tree["lookup_tokens"] == 0
+
+
+def test_attention_kernels_leave_out_cudnn_on_cuda_only():
+    """On CUDA, tree decoding (and the benchmark, for every method) runs SDPA without cuDNN's kernel, whose per-shape
+    plans cost ~40 ms at every decoding step on an H200; the flags come back afterwards; elsewhere nothing changes."""
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    with attention_kernels("cpu"):
+        assert torch.backends.cuda.cudnn_sdp_enabled() == before
+    with attention_kernels(torch.device("cuda", 0)):
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+        assert torch.backends.cuda.flash_sdp_enabled() and torch.backends.cuda.mem_efficient_sdp_enabled()
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
 def test_tree_defaults_per_device():

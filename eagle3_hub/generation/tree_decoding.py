@@ -1085,14 +1085,14 @@ class _TreeDecoder:
 
 
 # ----------------------------------------------------------------------------------------------- API
-def attention_kernels(device: torch.device):
+def attention_kernels(device: torch.device | str):
     """On CUDA, scaled-dot-product attention without the cuDNN kernel (a context manager; a no-op elsewhere).
     cuDNN attention builds an execution plan for every new (query length, key length) pair, ~40 ms each on an
     H200 with torch 2.11 (results/cuda-h200/), and decoding meets a new key length at every step; the flash and
     memory-efficient kernels need no plan. Tree decoding runs under it; the benchmark runs every method under it,
     so that all compare on the same kernels (plain ``generate`` with a padding mask was 3.2x slower there
     without it)."""
-    if device.type != "cuda":
+    if torch.device(device).type != "cuda":
         return contextlib.nullcontext()
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
