@@ -180,6 +180,44 @@ def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
     assert any(r < 9 for r in verify)  # a subset of the slots, not all of them
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a torch build with oneDNN")
+def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
+    """The oneDNN-packed copy of the target's head gives F.linear's logits (to float32 rounding) for any number of
+    rows, 3D and strided input, with a bias; it is packed again when the weight changes in place; it is not used for
+    a hooked or a non-float32 head; and CPU tree decoding computes its verification logits with it, losslessly."""
+    torch.manual_seed(0)
+    for bias in (False, True):
+        head = torch.nn.Linear(64, 300, bias=bias)
+        fast = tree_decoding._packed_head(head)
+        assert fast is not None
+        for x in (torch.randn(1, 64), torch.randn(3, 64), torch.randn(13, 64), torch.randn(2, 5, 64),
+                  torch.randn(2, 7, 64)[:, ::2]):
+            torch.testing.assert_close(fast(x), head(x), rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        head.weight.mul_(2)
+    x = torch.randn(4, 64)
+    torch.testing.assert_close(tree_decoding._packed_head(head)(x), head(x), rtol=1e-5, atol=1e-5)
+    assert tree_decoding._packed_head(torch.nn.Linear(64, 300).to(torch.bfloat16)) is None
+    hooked = torch.nn.Linear(64, 300)
+    hooked.register_forward_hook(lambda m, i, o: o * 2)
+    assert tree_decoding._packed_head(hooked) is None
+
+    target = make_tiny_target("llama")
+    calls = []
+    real = tree_decoding._packed_head
+
+    def counting(head):
+        fast = real(head)
+        return None if fast is None else (lambda h: calls.append(h.shape) or fast(h))
+
+    ids = prompt(seed=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(tree_decoding, "_packed_head", counting)
+        out = generate(target, copy_draft(target), ids, max_new_tokens=60, eos_token_id=[], **TREE)
+    assert torch.equal(out.sequences, plain_greedy(target, ids, 60))
+    assert len(calls) >= out.stats.target_forwards - 1  # every verification after the prefill
+
+
 # ------------------------------------------------------------------------------------ lookup branch
 COPY_ALL = {1: 1.0, 2: 1.0, 3: 1.0}  # every match proposes m tokens
 

@@ -120,6 +120,13 @@ LOGITS_SUBSET_DEVICES = ("cpu",)
 # small-batch sgemm on the 2-core AVX2 CPU here takes ~2x as long for 3 or 7 rows of SmolLM2's lm_head as for 4 or
 # 8 (results/smollm2-135m-instruct/diagnostics/lm_head_rows.py; end to end within noise: logits_rows_ab.py)
 LOGITS_ROWS_MULTIPLE = 4
+# ...computed there with a packed copy of the target's head (_packed_head) where oneDNN can: a small model's head is a
+# big matrix (SmolLM2: 49152 x 576, 113 MB in float32), and F.linear over 4-24 rows runs far below the bandwidth one
+# row reaches on the 2-core AVX2 CPU here (8 rows 9.7 ms, 1 row 3.0 ms); oneDNN with the weight packed once for
+# small batches (one of the kernels torch.compile's CPU backend uses for a frozen linear) takes 4.1 ms for 8 rows
+# (results/smollm2-135m-instruct/diagnostics/lm_head_kernels.py). It costs a copy of the head while the head lives.
+PACKED_HEAD_ROWS = 8  # the batch size the copy is packed for
+_packed_heads: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
 # logits processors that look at the scores only (not at the tokens so far): applied to all tree nodes at once
 _HISTORY_FREE_PROCESSORS = tuple(
@@ -362,6 +369,38 @@ class _DraftLevels:
 
 
 # ----------------------------------------------------------------------------------------------- helpers
+def _packed_head(head) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``hidden (..., in) -> logits (..., out)`` through a oneDNN-packed copy of a float32 CPU ``nn.Linear``
+    (cached while its weight is unchanged), or None where oneDNN is missing or disagrees with ``F.linear`` on random
+    rows. The kernels sum in different orders, as ``F.linear`` does itself for different row counts (~1e-6)."""
+    if not isinstance(head, torch.nn.Linear) or head._forward_hooks or head._forward_pre_hooks:
+        return None
+    w = head.weight.detach()
+    bias = None if head.bias is None else head.bias.detach()
+    if w.device.type != "cpu" or w.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+        return None
+    key = (w.data_ptr(), head.weight._version, None if bias is None else (bias.data_ptr(), head.bias._version))
+    hit = _packed_heads.get(head)
+    if hit is not None and hit[0] == key:
+        packed = hit[1]
+    else:
+        try:
+            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACKED_HEAD_ROWS)
+            x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0))
+            got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+        except (RuntimeError, AttributeError, NotImplementedError):  # a torch build without these oneDNN ops
+            return None
+        ref = F.linear(x, w, bias)
+        if got.shape != ref.shape or not torch.allclose(got, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max())):
+            return None
+        _packed_heads[head] = (key, packed)
+
+    def forward(hidden: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(hidden, packed, bias, "none", [], "")
+
+    return forward
+
+
 def _additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """bool (b, q, kv), True = may attend -> additive float mask (b, 1, q, kv). A finite minimum keeps fully
     masked query rows (holes) free of NaN."""
@@ -541,6 +580,7 @@ class _TreeDecoder:
         # logits of the needed tree slots only (LOGITS_SUBSET_DEVICES), if the lm_head reproduces the model's
         # own logits (checked at the prefill)
         self.lazy_logits = False
+        self.packed_head = None  # the head for those logits where oneDNN can (_packed_head), else t_head
         # the draft's token embedding: its own, or the target's when it was saved without one
         if getattr(draft, "_embedding_missing", False) and not getattr(draft, "_embedding_from_target", False):
             self.d_embed = self.t_embed.weight[: draft.config.vocab_size]
@@ -584,23 +624,30 @@ class _TreeDecoder:
     def _target_forward(self, ids, position_ids, mask, logits_to_keep: int | torch.Tensor, cache=None):
         """-> (logits of the kept slots, aux features (b, s, F), final normed hidden states (b, s, Ht))."""
         t0 = self._clock()
+        # a subset of slots with the packed head: the model computes no logits, the head those of the subset
+        own_head = self.packed_head is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0)
         out = self.target(
             input_ids=ids,
             attention_mask=mask,
             position_ids=position_ids,
             use_cache=True,
             output_hidden_states=True,
-            logits_to_keep=logits_to_keep,
+            logits_to_keep=self._no_slots if own_head else logits_to_keep,
             **{self.cache_kw: self.tcache if cache is None else cache},
         )
+        last = out.hidden_states[-1]
+        logits = out.logits
+        if own_head:
+            kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+            logits = self._lm_head(last[:, kept])
         feats = torch.cat([out.hidden_states[i] for i in self.aux], dim=-1)  # (b, s, F)
         self._add_time("verify_time_s", t0, self._clock())
         self.stats.target_forwards += 1
-        return out.logits, feats, out.hidden_states[-1]
+        return logits, feats, last
 
     def _lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """The target's logits from its final (normed) hidden states, (n, Ht) -> (n, V)."""
-        logits = self.t_head(hidden)
+        logits = (self.packed_head or self.t_head)(hidden)
         if self.softcap:
             logits = torch.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -716,6 +763,8 @@ class _TreeDecoder:
         del prefill_cache
         if self.t_head is not None and dev.type in LOGITS_SUBSET_DEVICES:
             self.lazy_logits = bool(torch.equal(self._lm_head(last[:, -1]), logits[:, -1]))
+            self.packed_head = _packed_head(self.t_head) if self.lazy_logits else None
+            self._no_slots = torch.zeros(0, dtype=torch.long, device=dev)
         self.t_valid, self.t_pos = valid, pos  # (b, T)
         if self.lookup_tokens:
             pads = (~valid).sum(-1).tolist()
