@@ -122,9 +122,10 @@ LOGITS_SUBSET_DEVICES = ("cpu",)
 LOGITS_ROWS_MULTIPLE = 4
 # ...computed there with a packed copy of the target's head (_packed_head) where oneDNN can: a small model's head is a
 # big matrix (SmolLM2: 49152 x 576, 113 MB in float32), and F.linear over 4-24 rows runs far below the bandwidth one
-# row reaches on the 2-core AVX2 CPU here (8 rows 9.7 ms, 1 row 3.0 ms); oneDNN with the weight packed once for
-# small batches (one of the kernels torch.compile's CPU backend uses for a frozen linear) takes 4.1 ms for 8 rows
-# (results/smollm2-135m-instruct/diagnostics/lm_head_kernels.py). It costs a copy of the head while the head lives.
+# row reaches on the 2-core AVX2 CPU here (8 rows 11.0 ms, 1 row 3.2 ms); oneDNN with the weight packed once for
+# small batches (one of the kernels torch.compile's CPU backend uses for a frozen linear) takes 4.3 ms for 8 rows:
+# verification 63.5 -> 58.0 ms per step on MT-bench (results/smollm2-135m-instruct/diagnostics/lm_head_kernels.py).
+# It costs a copy of the head while the head lives.
 PACKED_HEAD_ROWS = 8  # the batch size the copy is packed for
 _packed_heads: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
