@@ -4,6 +4,7 @@ custom_generate entry points, errors. Tiny random targets in float32 (token equa
 from __future__ import annotations
 
 import itertools
+import math
 import json
 import os
 import subprocess
@@ -38,7 +39,8 @@ from eagle3_hub.generation.tree_decoding import (
     write_custom_generate,
 )
 
-TREE = {"depth": 5, "tree_top_k": 4, "total_tokens": 16}
+# full trees (min_node_prob 0): every test of the tree's logic verifies all its nodes
+TREE = {"depth": 5, "tree_top_k": 4, "total_tokens": 16, "min_node_prob": 0.0}
 
 
 def copy_draft(target, **kwargs) -> Eagle3DraftModel:
@@ -111,7 +113,8 @@ def test_greedy_tree_shapes(tree):
     ids = prompt(n=1, seed=4)  # a one-token prompt
     ref = plain_greedy(target, ids, 60)
     depth, k, n = tree
-    out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=depth, tree_top_k=k, total_tokens=n)
+    out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=depth, tree_top_k=k, total_tokens=n,
+                   min_node_prob=0.0)
     assert torch.equal(out.sequences, ref)
 
 
@@ -169,7 +172,7 @@ def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
     hook = target.get_output_embeddings().register_forward_hook(lambda m, i, o: rows.append(i[0].numel() // i[0].shape[-1]))
     ids = prompt(seed=1)
     try:
-        out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=3, tree_top_k=4, total_tokens=8)
+        out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=3, tree_top_k=4, total_tokens=8, min_node_prob=0.0)
     finally:
         hook.remove()
     assert torch.equal(out.sequences, plain_greedy(target, ids, 60))
@@ -222,6 +225,48 @@ def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
 COPY_ALL = {1: 1.0, 2: 1.0, 3: 1.0}  # every match proposes m tokens
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_min_node_prob_verifies_only_the_nodes_the_draft_gives_a_chance(arch, monkeypatch):
+    """With ``min_node_prob`` a tree keeps the nodes whose cumulative draft probability reaches it (at least one,
+    at most total_tokens): trees of varying size, fewer nodes per verification than without it, and the output
+    stays plain greedy, also in a left-padded batch; sampling runs on the pruned trees."""
+    target = make_tiny_target(arch)
+    draft = copy_draft(target)
+    with torch.no_grad():  # sharpen the copy draft's distribution, so that some nodes pass a threshold and some do not
+        draft.lm_head.weight.mul_(20)
+    trees = []
+    grow = tree_decoding._TreeDecoder._grow
+
+    def recording(self, depth, score, token, *args):
+        out = grow(self, depth, score, token, *args)
+        trees.append((self.min_node_logp, out))
+        return out
+
+    monkeypatch.setattr(tree_decoding._TreeDecoder, "_grow", recording)
+    ids = prompt(seed=7)
+    ref = plain_greedy(target, ids, 80)
+    shape = dict(depth=4, tree_top_k=4, total_tokens=16, lookup_tokens=0)
+    full = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], min_node_prob=0.0, **shape)
+    n_full = [out[0].shape[1] for _, out in trees]
+    trees.clear()
+    pruned = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], min_node_prob=0.1, **shape)
+    n_pruned = [out[0].shape[1] for _, out in trees]
+    assert torch.equal(full.sequences, ref) and torch.equal(pruned.sequences, ref)
+    assert all(logp == pytest.approx(math.log(0.1)) for logp, _ in trees)
+    assert all(1 <= n <= 16 for n in n_pruned) and max(n_full) == 16
+    assert sum(n_pruned) / len(n_pruned) < sum(n_full) / len(n_full)  # fewer nodes per verification
+    assert min(n_pruned) < 16 and max(n_pruned) > 1  # the threshold cuts some trees, not every one to a node
+    # batches and sampling: still the target's own output / distribution machinery, on pruned trees
+    prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4))]
+    bids, mask = left_padded(prompts)
+    out = generate(target, draft, bids, attention_mask=mask, max_new_tokens=40, eos_token_id=[], min_node_prob=0.1, **shape)
+    for i, p in enumerate(prompts):
+        assert torch.equal(out.sequences[i, 12:], plain_greedy(target, p[None], 40)[0, len(p) :]), f"row {i}"
+    sampled = generate(target, draft, ids, max_new_tokens=20, do_sample=True, min_node_prob=0.1,
+                       generator=torch.Generator().manual_seed(0), **shape)
+    assert sampled.sequences.shape == (1, ids.shape[1] + 20)
+
+
 def test_prompt_lookup_proposes_what_followed_the_latest_longest_suffix():
     tokens = [0, 0, 5, 6, 7, 8, 5, 6, 9, 1, 5, 6]  # two left-padding slots
     look = _PromptLookup(tokens, start=2, share=COPY_ALL)
@@ -263,7 +308,7 @@ def test_greedy_with_lookup_branch_equals_plain_generate(arch):
     assert out.stats.lookup_accepted > 30 and out.stats.target_forwards < plain_tree.stats.target_forwards
     assert max(out.stats.accepted_per_step) > shallow["depth"] + 1  # the branch is longer than the tree is deep
     both = generate(target, copy_draft(target), ids, max_new_tokens=300, eos_token_id=[], lookup_tokens=8,
-                    depth=3, tree_top_k=4, total_tokens=8)
+                    depth=3, tree_top_k=4, total_tokens=8, min_node_prob=0.0)
     assert torch.equal(both.sequences, ref)
 
 
@@ -317,7 +362,7 @@ def test_greedy_long_generation(arch, monkeypatch):
     assert out.stats.mean_acceptance_length > 1.3
     # an untrained draft: nearly every step rejects the whole tree
     out = generate(
-        target, random_draft(target), ids, max_new_tokens=520, eos_token_id=[], depth=3, tree_top_k=3, total_tokens=8
+        target, random_draft(target), ids, max_new_tokens=520, eos_token_id=[], depth=3, tree_top_k=3, total_tokens=8, min_node_prob=0.0
     )
     assert torch.equal(out.sequences, ref)
 
@@ -415,7 +460,7 @@ def test_repetition_penalty_through_custom_generate():
     }
     ref = target.generate(ids, **kwargs)
     out = target.generate(
-        ids, custom_generate=tree_generate, draft=draft, depth=4, tree_top_k=4, total_tokens=12, **kwargs
+        ids, custom_generate=tree_generate, draft=draft, depth=4, tree_top_k=4, total_tokens=12, min_node_prob=0.0, **kwargs
     )
     assert torch.equal(out, ref)
     # sampling with it (the acceptance walk applies the processor per row and node): runs, stays in bounds
@@ -473,6 +518,7 @@ def test_sampling_keeps_the_target_distribution(sampling, monkeypatch):
         depth=3,
         tree_top_k=4,
         total_tokens=12,
+        min_node_prob=0.0,
         on_step=lambda t, d: accepted.append(sum(d)),
         **sampling,
     )
@@ -761,6 +807,12 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="lookup_tokens works with greedy decoding only"):
         generate(target, draft, ids, max_new_tokens=4, do_sample=True, lookup_tokens=4)
     assert generate(target, draft, ids, max_new_tokens=4, do_sample=True).stats.tree["lookup_tokens"] == 0
+    for bad in (-0.1, 1.0, True, "0.1"):
+        with pytest.raises(ValueError, match="min_node_prob must be a probability in"):
+            generate(target, draft, ids, max_new_tokens=4, min_node_prob=bad)
+    with pytest.raises(ValueError, match="set min_node_prob=0 or draft_graph=False"):
+        generate(target, draft, ids, max_new_tokens=4, min_node_prob=0.1, draft_graph=True)
+    assert generate(target, draft, ids, max_new_tokens=4, draft_graph=True).stats.tree["min_node_prob"] == 0.0
 
 
 def test_attention_kernels_leave_out_cudnn_on_cuda_only():
@@ -782,6 +834,7 @@ def test_tree_defaults_per_device():
     for shape in TREE_DEFAULTS.values():
         assert shape["total_tokens"] <= shape["top_k"] + (shape["depth"] - 1) * shape["top_k"] ** 2
         assert shape["lookup_tokens"] >= 0
+        assert 0 <= shape["min_node_prob"] < 1
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

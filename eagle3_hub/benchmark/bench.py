@@ -275,7 +275,7 @@ def build_methods(
     ctx: BenchContext,
     tree_grid: list[dict] | None = None,
 ) -> list[Method]:
-    """``names`` in METHOD_NAMES; ``tree_grid``: tree settings (depth, tree_top_k, total_tokens, lookup_tokens) for ``tree``;
+    """``names`` in METHOD_NAMES; ``tree_grid``: tree settings (``TREE_KEYS``) for ``tree``;
     several settings give one method each (the sweep)."""
     target = ctx.target
     methods: list[Method] = []
@@ -323,6 +323,7 @@ def build_methods(
                         eos_token_id=gc.eos_token_id, tokenizer=ctx.tokenizer,
                         depth=params.get("depth"), tree_top_k=params.get("tree_top_k"),
                         total_tokens=params.get("total_tokens"), lookup_tokens=params.get("lookup_tokens"),
+                        min_node_prob=params.get("min_node_prob"),
                     )
                     return out.sequences, out.stats
 
@@ -332,7 +333,7 @@ def build_methods(
     return methods
 
 
-TREE_KEYS = ("depth", "tree_top_k", "total_tokens", "lookup_tokens")
+TREE_KEYS = ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob")
 
 
 def tree_label(params: dict) -> str:
@@ -421,7 +422,8 @@ class TurnRunner:
             if not method.tree_params:  # record the shape it chose by default
                 tree = stats.tree
                 method.tree_params = {"depth": tree.get("depth"), "tree_top_k": tree.get("top_k"),
-                                      "total_tokens": tree.get("total_tokens"), "lookup_tokens": tree.get("lookup_tokens")}
+                                      "total_tokens": tree.get("total_tokens"), "lookup_tokens": tree.get("lookup_tokens"),
+                                      "min_node_prob": tree.get("min_node_prob")}
         else:  # generate with or without an assistant: from where each target forward started
             accepted = self.starts.accepted_per_step(prompt_len, prompt_len + len(new_ids))
             forwards, draft_t, verify_t = len(self.starts.starts), self.draft_timer.total, self.verify_timer.total
@@ -694,17 +696,18 @@ def sweep_summary(rows: list[dict], methods: list[Method]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------- CLI
-def _int_list(text: str | None) -> list[int | None]:
+def _int_list(text: str | None, kind: type = int) -> list[int | float | None]:
     if text is None:
         return [None]
-    return [int(x) for x in str(text).split(",") if x.strip()]
+    return [kind(x) for x in str(text).split(",") if x.strip()]
 
 
 def tree_grid_from_args(args) -> list[dict]:
     grid = [
         dict(zip(TREE_KEYS, values))
         for values in itertools.product(_int_list(args.depth), _int_list(args.tree_top_k), _int_list(args.total_tokens),
-                                        _int_list(getattr(args, "tree_lookup_tokens", None)))
+                                        _int_list(getattr(args, "tree_lookup_tokens", None)),
+                                        _int_list(getattr(args, "min_node_prob", None), float))
     ]
     grid = [{k: v for k, v in g.items() if v is not None} for g in grid]
     # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
@@ -742,6 +745,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--total-tokens", default=None, help="tree size verified per step (list with --sweep)")
     g.add_argument("--tree-lookup-tokens", default=None,
                    help="tokens copied from the text so far as one more branch of the tree, greedy only; 0 = none (list with --sweep)")
+    g.add_argument("--min-node-prob", default=None,
+                   help="keep only tree nodes whose cumulative draft probability reaches this; 0 = always --total-tokens (list with --sweep)")
     g.add_argument("--sweep", action="store_true", help="try every combination of --depth/--tree-top-k/--total-tokens and report the best for this device")
     g = parser.add_argument_group("output")
     g.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and bench.png")

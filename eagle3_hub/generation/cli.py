@@ -65,6 +65,13 @@ def add_arguments(parser: argparse.ArgumentParser):
         "as one more branch (0 = none; default: per device)",
     )
     parser.add_argument(
+        "--min-node-prob",
+        type=float,
+        default=None,
+        help="keep only tree nodes whose cumulative draft probability reaches this (0 = always --total-tokens; "
+        "default: per device)",
+    )
+    parser.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "bfloat16", "float16", "float32"],
@@ -141,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
         tree_top_k=args.tree_top_k,
         total_tokens=args.total_tokens,
         lookup_tokens=args.lookup_tokens,
+        min_node_prob=args.min_node_prob,
         generator=generator,
     )
     if args.stats:
