@@ -267,6 +267,38 @@ def test_min_node_prob_verifies_only_the_nodes_the_draft_gives_a_chance(arch, mo
     assert sampled.sequences.shape == (1, ids.shape[1] + 20)
 
 
+def test_min_node_prob_stops_drafting_levels_that_could_not_add_a_node(monkeypatch):
+    """Once every frontier node scores below min_node_prob, the deeper levels are not drafted (their nodes would
+    score lower still): the trees are the same as with every level drafted, step by step, with fewer draft
+    forwards, and the output is plain greedy."""
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    with torch.no_grad():
+        draft.lm_head.weight.mul_(20)
+    trees: dict[bool, list] = {True: [], False: []}
+    draft_tree = tree_decoding._TreeDecoder._draft_tree
+    mode = {"stop": True}
+
+    def recording(self, depth):
+        out = draft_tree(self, depth)
+        trees[mode["stop"]].append([t.clone() for t in out])
+        return out
+
+    monkeypatch.setattr(tree_decoding._TreeDecoder, "_draft_tree", recording)
+    ids = prompt(seed=7)
+    shape = dict(depth=4, tree_top_k=4, total_tokens=16, lookup_tokens=0, min_node_prob=0.1)
+    stopping = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], **shape)
+    mode["stop"] = False
+    monkeypatch.setattr(tree_decoding._TreeDecoder, "_can_grow", lambda self, f_score: True)  # every level
+    every = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], **shape)
+    assert torch.equal(stopping.sequences, plain_greedy(target, ids, 80))
+    assert torch.equal(stopping.sequences, every.sequences)
+    assert len(trees[True]) == len(trees[False])
+    for step, (a, b) in enumerate(zip(trees[True], trees[False])):
+        assert all(torch.equal(x, y) for x, y in zip(a, b)), f"step {step}"
+    assert stopping.stats.draft_forwards < every.stats.draft_forwards
+
+
 def test_prompt_lookup_proposes_what_followed_the_latest_longest_suffix():
     tokens = [0, 0, 5, 6, 7, 8, 5, 6, 9, 1, 5, 6]  # two left-padding slots
     look = _PromptLookup(tokens, start=2, share=COPY_ALL)
