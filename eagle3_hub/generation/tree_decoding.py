@@ -24,7 +24,9 @@ Each row has a *root*: its latest token, sampled from the target but not yet in 
    the tree one level at a time: the k best frontier nodes by cumulative draft log-probability are fed
    (each with the draft hidden state of its parent), each proposes its k best children. All nodes form a
    pool of ``k + (D - 1) * k * k`` candidates; the N best by cumulative log-probability form the tree
-   (ancestor-closed because a child always scores below its parent).
+   (ancestor-closed because a child always scores below its parent). With ``min_node_prob`` (the CPU default)
+   only the nodes whose cumulative probability reaches it are kept (at least one), and no further level is
+   drafted once every frontier node is below it.
 2. Verify. One target forward over ``[root, N nodes]`` with a 4D additive mask: context slots of the row
    plus the node's ancestors (the tree attention mask); positions = root position + node depth.
 3. Accept. Greedy: the longest path whose every token equals the target's argmax at its parent, plus the
