@@ -5,7 +5,7 @@ a drift of the machine's speed hits every setting. Behind ``TREE_DEFAULTS["cpu"]
     python results/smollm2-135m-instruct/diagnostics/min_node_prob.py --prompts FILE --first N --skip S \
         --settings 0,0.05,0.1,0.2 [--draft FOLDER] [--out F]
 
-A setting "P:all" drafts every level even where no deeper node could reach P (``_can_grow`` always true), to
+A setting "P@D/K/N" uses tree depth D, top-k K and N nodes at most instead of the CPU defaults. A setting "P:all" drafts every level even where no deeper node could reach P (``_can_grow`` always true), to
 measure what stopping early saves. FILE: a jsonl of {"prompt": ...} (the target's own synthesised prompts under data/) or of {"turns": [...]}
 (MT-bench: the first turn). Greedy, 256 new tokens, CPU defaults otherwise (3/4/8, lookup branch 20); every
 setting's output must be the same tokens. Results in the diagnostics README.
@@ -51,10 +51,12 @@ def main():
                                       return_tensors="pt", return_dict=True)["input_ids"]
         ref = None
         for p in settings if i % 2 == 0 else settings[::-1]:
-            prob, _, every = p.partition(":")
+            spec, _, shape = p.partition("@")
+            prob, _, every = spec.partition(":")
+            tree = dict(zip(("depth", "tree_top_k", "total_tokens"), map(int, shape.split("/")))) if shape else {}
             tree_decoding._TreeDecoder._can_grow = (lambda self, f_score: True) if every else can_grow
             t0 = time.perf_counter()
-            out = generate(target, draft, ids, max_new_tokens=args.max_new_tokens, min_node_prob=float(prob))
+            out = generate(target, draft, ids, max_new_tokens=args.max_new_tokens, min_node_prob=float(prob), **tree)
             elapsed = time.perf_counter() - t0
             tree_decoding._TreeDecoder._can_grow = can_grow
             ref = out.sequences if ref is None else ref
