@@ -107,7 +107,7 @@ from transformers.utils import ModelOutput
 # 20 more slots cost nothing measurable on the H200 (64.3 tok/s with, 58.7 without; its gain unmeasured there).
 # min_node_prob: a tree keeps only the nodes whose cumulative draft probability reaches it (at least one; the
 # most probable first, at most total_tokens), with the levels run eagerly. CPU: every verified token costs there
-# (~1.5-3 ms each here). On 10 of the target's own prompts no draft had seen (seed 6, stage-6 draft, one run;
+# (~3 ms each in SmolLM2's decoder body here: diagnostics/forward_cost.py). On 10 of the target's own prompts no draft had seen (seed 6, stage-6 draft, one run;
 # results/smollm2-135m-instruct/min_node_prob/): 0 / 0.05 / 0.1 / 0.2 gave 1.00 / 1.07 / 1.08 / 1.07x the tokens/s
 # (77.0 -> 62.1 ms per step at 0.1, 2.95 -> 2.57 tokens per step); with the levels that could not add a node left
 # out (_can_grow), 2.12 draft forwards per step instead of 2.99, 65.0 -> 61.8 ms per step in a second run. CUDA: 0
