@@ -696,7 +696,8 @@ def sweep_summary(rows: list[dict], methods: list[Method]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------- CLI
-def _int_list(text: str | None, kind: type = int) -> list[int | float | None]:
+def _number_list(text: str | None, kind: type = int) -> list[int | float | None]:
+    """A comma-separated list of numbers of type ``kind`` (``[None]`` when not given: the default setting)."""
     if text is None:
         return [None]
     return [kind(x) for x in str(text).split(",") if x.strip()]
@@ -705,9 +706,9 @@ def _int_list(text: str | None, kind: type = int) -> list[int | float | None]:
 def tree_grid_from_args(args) -> list[dict]:
     grid = [
         dict(zip(TREE_KEYS, values))
-        for values in itertools.product(_int_list(args.depth), _int_list(args.tree_top_k), _int_list(args.total_tokens),
-                                        _int_list(getattr(args, "tree_lookup_tokens", None)),
-                                        _int_list(getattr(args, "min_node_prob", None), float))
+        for values in itertools.product(_number_list(args.depth), _number_list(args.tree_top_k), _number_list(args.total_tokens),
+                                        _number_list(getattr(args, "tree_lookup_tokens", None)),
+                                        _number_list(getattr(args, "min_node_prob", None), float))
     ]
     grid = [{k: v for k, v in g.items() if v is not None} for g in grid]
     # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
