@@ -19,6 +19,7 @@ from pathlib import Path
 from .formats import CODE_FILES  # the code files trust_remote_code needs
 
 CUSTOM_GENERATE = "custom_generate/generate.py"
+CUSTOM_GENERATE_LEAN = "custom_generate/lean_target_forward.py"  # imported by generate.py (relative import)
 
 # files of a training run that do not belong in a published draft
 IGNORE_PATTERNS = [".*", "__pycache__", "*.pyc", "checkpoint-*", "optimizer.pt", "scheduler.pt", "rng_state*.pth",
@@ -35,7 +36,7 @@ def _ignored(rel: Path, patterns: list[str]) -> bool:
 
 def files_to_upload(folder: str | Path, ignore_patterns: list[str] | None = None) -> dict[str, Path]:
     """``{path_in_repo: local file}``: the folder's files minus training leftovers, plus the code files that
-    ``config.json``'s ``auto_map`` needs and ``custom_generate/generate.py``, where the folder lacks them."""
+    ``config.json``'s ``auto_map`` needs and ``custom_generate/`` (tree decoding), where the folder lacks them."""
     folder = Path(folder)
     patterns = IGNORE_PATTERNS if ignore_patterns is None else ignore_patterns
     files = {
@@ -49,8 +50,11 @@ def files_to_upload(folder: str | Path, ignore_patterns: list[str] | None = None
         needed |= set(CODE_FILES)  # modeling imports the assistant mixin and the config
     package = Path(__file__).resolve().parent
     if needed & set(CODE_FILES):
-        needed.add(CUSTOM_GENERATE)  # tree decoding for `target.generate(custom_generate=repo_id)`
-    sources = {CUSTOM_GENERATE: package / "generation" / "tree_decoding.py"}
+        needed |= {CUSTOM_GENERATE, CUSTOM_GENERATE_LEAN}  # tree decoding for `target.generate(custom_generate=repo)`
+    sources = {
+        CUSTOM_GENERATE: package / "generation" / "tree_decoding.py",
+        CUSTOM_GENERATE_LEAN: package / "generation" / "lean_target_forward.py",
+    }
     for name in sorted(needed):
         src = sources.get(name, package / name)
         if name not in files and src.is_file():

@@ -606,6 +606,8 @@ def test_custom_generate_from_a_saved_draft_folder(tmp_path):
     draft.save_pretrained(folder)  # writes custom_generate/generate.py
     assert (folder / "custom_generate" / "generate.py").read_text() == Path(tree_decoding.__file__).read_text()
     assert write_custom_generate(folder).read_text() == Path(tree_decoding.__file__).read_text()  # idempotent
+    lean = Path(tree_decoding.__file__).with_name("lean_target_forward.py")
+    assert (folder / "custom_generate" / "lean_target_forward.py").read_text() == lean.read_text()
     ids = prompt(seed=8)
     ref = plain_greedy(target, ids, 40)
     out = target.generate(
@@ -661,13 +663,13 @@ from transformers import AutoModelForCausalLM
 target = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype=torch.float32)
 ids = torch.tensor(json.loads(sys.argv[3]))
 out = target.generate(ids, custom_generate=sys.argv[2], trust_remote_code=True, max_new_tokens=30, do_sample=False,
-                      eos_token_id=None, pad_token_id=0)
-print(json.dumps(out.tolist()))
+                      eos_token_id=None, pad_token_id=0, return_dict_in_generate=True)
+print(json.dumps({"sequences": out.sequences.tolist(), "lean_forward": out.stats.lean_forward}))
 """
 
 
 def test_custom_generate_runs_without_the_package(tmp_path):
-    """A draft folder (weights, modeling code, custom_generate/generate.py) is all transformers needs."""
+    """A draft folder (weights, modeling code, custom_generate/) is all transformers needs."""
     target = make_tiny_target("llama")
     target.save_pretrained(tmp_path / "target")
     copy_draft(target).save_pretrained(tmp_path / "draft")  # with custom_generate/generate.py
@@ -689,7 +691,9 @@ def test_custom_generate_runs_without_the_package(tmp_path):
         check=False,
     )
     assert res.returncode == 0, res.stderr[-3000:]
-    assert json.loads(res.stdout.strip().splitlines()[-1]) == ref.tolist()
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert got["sequences"] == ref.tolist()
+    assert got["lean_forward"]  # the copy of lean_target_forward.py next to generate.py was imported
 
 
 # ------------------------------------------------------------------------------------------- streaming, stop strings
