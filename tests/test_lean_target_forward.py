@@ -113,6 +113,13 @@ def test_tree_decoding_verifies_through_the_lean_forward_losslessly(arch):
         ref = plain_greedy(target, p[None], 40)[0, len(p) :]
         assert torch.equal(out.sequences[r, batch.shape[1] :], ref)
 
+    # a draft bound for assisted generation leaves feature hooks on the target: they only read outputs
+    draft.bind(target)
+    target.generate(ids, assistant_model=draft, max_new_tokens=10, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert draft._hook_handles and unsupported_reason(target) is None
+    out = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], **TREE)
+    assert out.stats.lean_forward and torch.equal(out.sequences, plain_greedy(target, ids, 80))
+
     other = make_tiny_target("gemma2")
     ids = prompt(seed=24)
     out = generate(other, copy_draft(other), ids, max_new_tokens=30, eos_token_id=[], **TREE)

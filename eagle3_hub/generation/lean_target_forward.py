@@ -69,6 +69,15 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
+def _observes_only(hook) -> bool:
+    """A hook known to read outputs without changing them: transformers' output recording
+    (``output_hidden_states``) and eagle3_hub's feature capture for assisted generation (``eagle3_assistant``, also
+    as a trust_remote_code copy). The lean forward does not call hooks; any other hook may change outputs or expect
+    to be called."""
+    module = getattr(hook, "__module__", None) or ""
+    return module.startswith(("transformers.", "eagle3_hub.")) or module.rsplit(".", 1)[-1] == "eagle3_assistant"
+
+
 def unsupported_reason(model) -> str | None:
     """Why ``model`` is not one ``LeanTargetForward`` reproduces, or None where it is (subject to the probe)."""
     body = getattr(model, "model", None)
@@ -83,8 +92,7 @@ def unsupported_reason(model) -> str | None:
         if hasattr(module, "_hf_hook"):  # accelerate's offloading / device maps
             return "accelerate hooks (offloading or a device map)"
         hooks = list(module._forward_hooks.values()) + list(module._forward_pre_hooks.values())
-        # transformers' own hooks only record outputs (output_hidden_states); any other may change them
-        if any(not getattr(h, "__module__", "").startswith("transformers.") for h in hooks):
+        if any(not _observes_only(h) for h in hooks):
             return f"forward hooks on {type(module).__name__}"
     if type(body.norm).__name__ not in NORM_CLASSES:
         return f"final norm {type(body.norm).__name__}"
