@@ -228,7 +228,8 @@ def test_remote_code_files_travel_with_an_auto_map(tmp_path):
     config["auto_map"] = {"AutoConfig": "configuration_eagle3.Eagle3Config", "AutoModel": "modeling_eagle3.Eagle3DraftModel"}
     (draft / "config.json").write_text(json.dumps(config))
     files = files_to_upload(draft)
-    for name in ("configuration_eagle3.py", "modeling_eagle3.py", "eagle3_assistant.py", "custom_generate/generate.py"):
+    for name in ("configuration_eagle3.py", "modeling_eagle3.py", "eagle3_assistant.py", "custom_generate/generate.py",
+                 "custom_generate/lean_target_forward.py"):
         assert name in files and files[name].is_file()
     assert "def tree_generate" in files["custom_generate/generate.py"].read_text()
 

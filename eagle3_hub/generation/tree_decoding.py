@@ -1,7 +1,8 @@
 """EAGLE-2/3 dynamic-tree speculative decoding for a transformers causal LM and an EAGLE-3 draft.
 
-This file is self-contained (torch, transformers and the standard library only): it is copied verbatim into
-a draft folder as ``custom_generate/generate.py`` so that
+This file is self-contained (torch, transformers and the standard library only; ``lean_target_forward.py``, a faster
+CPU verification, is imported where it lies next to it): it is copied verbatim into a draft folder as
+``custom_generate/generate.py`` so that
 
     target.generate(ids, custom_generate="user/draft-repo", trust_remote_code=True)
 
@@ -13,7 +14,8 @@ Entry points
 - ``generate(target, draft, input_ids, ...)``: the Python API, returns ``TreeDecodingOutput(sequences, stats)``.
 - ``tree_generate``: for ``target.generate(ids, custom_generate=tree_generate, draft=draft, ...)``.
 - ``generate(model=..., **generate_arguments)``: what transformers calls for ``custom_generate="repo"``.
-- ``write_custom_generate(folder)``: copies this file to ``folder/custom_generate/generate.py``.
+- ``write_custom_generate(folder)``: copies this file to ``folder/custom_generate/generate.py`` (and
+  ``lean_target_forward.py`` next to it).
 
 One decoding step (b = rows, k = tree top-k, D = depth, N = total_tokens, V = target vocabulary)
 -------------------------------------------------------------------------------------------------
@@ -143,8 +145,9 @@ LOGITS_ROWS_MULTIPLE = 4
 # It costs a copy of the head while the head lives.
 PACKED_HEAD_ROWS = 8  # the batch size the copy is packed for
 # device types on which verifications run through LeanTargetForward (lean_target_forward.py) where it reproduces the
-# target (Llama-family, sdpa, no hooks; checked by a probe): the decoder's ops without transformers' per-layer
-# plumbing and repeat_kv copies. SmolLM2, 9 tokens: 54-55 -> 43-45 ms on the 2-core CPU here. Not measured on CUDA.
+# target (Llama-family, sdpa, no hooks that may change outputs; checked by a probe): the decoder's ops without
+# transformers' per-layer plumbing and repeat_kv copies. SmolLM2, 9 tokens under a tree mask: 59.0 -> 47.7 ms on the
+# 2-core CPU here (results/smollm2-135m-instruct/diagnostics/lean_forward.py). Not measured on CUDA.
 LEAN_FORWARD_DEVICES = ("cpu",)
 _packed_heads: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
 
