@@ -657,31 +657,26 @@ class _TreeDecoder:
     def _target_forward(self, ids, position_ids, mask, logits_to_keep: int | torch.Tensor, cache=None):
         """-> (logits of the kept slots, aux features (b, s, F), final normed hidden states (b, s, Ht))."""
         t0 = self._clock()
+        kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         if self.lean is not None and cache is None:  # a verification through the lean forward: logits from `last`
             last, hidden_states = self.lean(ids, position_ids, mask, self.tcache)
-            kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
             logits = self._lm_head(last[:, kept])
-            feats = torch.cat([hidden_states[i] for i in self.aux], dim=-1)  # (b, s, F)
-            self._add_time("verify_time_s", t0, self._clock())
-            self.stats.target_forwards += 1
-            return logits, feats, last
-        # a subset of slots with the packed head: the model computes no logits, the head those of the subset
-        own_head = self.packed_head is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0)
-        out = self.target(
-            input_ids=ids,
-            attention_mask=mask,
-            position_ids=position_ids,
-            use_cache=True,
-            output_hidden_states=True,
-            logits_to_keep=self._no_slots if own_head else logits_to_keep,
-            **{self.cache_kw: self.tcache if cache is None else cache},
-        )
-        last = out.hidden_states[-1]
-        logits = out.logits
-        if own_head:
-            kept = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-            logits = self._lm_head(last[:, kept])
-        feats = torch.cat([out.hidden_states[i] for i in self.aux], dim=-1)  # (b, s, F)
+        else:
+            # a subset of slots with the packed head: the model computes no logits, the head those of the subset
+            own_head = self.packed_head is not None and not (isinstance(logits_to_keep, int) and logits_to_keep == 0)
+            out = self.target(
+                input_ids=ids,
+                attention_mask=mask,
+                position_ids=position_ids,
+                use_cache=True,
+                output_hidden_states=True,
+                logits_to_keep=self._no_slots if own_head else logits_to_keep,
+                **{self.cache_kw: self.tcache if cache is None else cache},
+            )
+            hidden_states = out.hidden_states
+            last = hidden_states[-1]
+            logits = self._lm_head(last[:, kept]) if own_head else out.logits
+        feats = torch.cat([hidden_states[i] for i in self.aux], dim=-1)  # (b, s, F)
         self._add_time("verify_time_s", t0, self._clock())
         self.stats.target_forwards += 1
         return logits, feats, last
