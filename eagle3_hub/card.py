@@ -171,7 +171,7 @@ def engine_native(config: dict) -> bool:
 # ----------------------------------------------------------------------------------------- sections
 def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> str:
     from .benchmark.bench import describe_machine
-    from .benchmark.report import acceptance_text, row_sort_key
+    from .benchmark.report import acceptance_text, lossless_text, row_sort_key
 
     rows = [r for r in bench["results"] if r["mode"] == "greedy"] or bench["results"]
     suites = {r["suite"] for r in rows}
@@ -185,10 +185,7 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
     ]
     for r in rows:
         e = lossless.get(r["method"])
-        if e is not None and r["suite"] != "_all":
-            e = e.get("by_suite", {}).get(r["suite"], e)
-        same = "–" if r["method"] == "plain" or e is None else (
-            "yes" if e["identical"] == e["turns"] else f"{e['identical']}/{e['turns']} turns")
+        same = "–" if r["method"] == "plain" or e is None else lossless_text(e, r["suite"])
         speed = "–" if r["speedup"] is None else f"{r['speedup']:.2f}×"
         tps = "–" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}"
         tau = "–" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"

@@ -767,7 +767,8 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
 
     from .generation.tree_decoding import tree_defaults
 
-    tree = tree_defaults(_pick_device(cache.pairs[cache.default].device))
+    default_pair = cache.pairs[cache.default]
+    tree = tree_defaults(_pick_device(default_pair.device), getattr(torch, default_pair.dtype, None))
     with gr.Blocks(title="EAGLE-3 side-by-side speed demo", analytics_enabled=False) as app:
         gr.Markdown(INTRO)
         history = gr.State([])

@@ -867,10 +867,23 @@ def test_tree_defaults_per_device():
     assert set(TREE_DEFAULTS) >= {"cpu", "cuda"}
     assert tree_defaults("cpu") == TREE_DEFAULTS["cpu"]
     assert tree_defaults("cuda:0") == TREE_DEFAULTS["cuda"]
+    assert tree_defaults("cpu", torch.bfloat16) == TREE_DEFAULTS["cpu-bfloat16"] != TREE_DEFAULTS["cpu"]
+    assert tree_defaults("cpu", torch.float32) == TREE_DEFAULTS["cpu"]
+    assert tree_defaults("cuda", torch.bfloat16) == TREE_DEFAULTS["cuda"]
     for shape in TREE_DEFAULTS.values():
         assert shape["total_tokens"] <= shape["top_k"] + (shape["depth"] - 1) * shape["top_k"] ** 2
         assert shape["lookup_tokens"] >= 0
         assert 0 <= shape["min_node_prob"] < 1
+
+
+def test_a_bfloat16_cpu_target_gets_the_bfloat16_tree():
+    target = make_tiny_target("llama").to(torch.bfloat16)
+    draft = Eagle3DraftModel.from_target(target).eval().to(torch.bfloat16)
+    out = generate(target, draft, torch.tensor([[5, 17, 33, 9]]), max_new_tokens=8)
+    want = TREE_DEFAULTS["cpu-bfloat16"]
+    assert {k: out.stats.tree[k] for k in ("depth", "top_k", "total_tokens", "min_node_prob")} == {
+        k: want[k] for k in ("depth", "top_k", "total_tokens", "min_node_prob")}
+    assert out.sequences.shape == (1, 12)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

@@ -33,6 +33,8 @@ from typing import Callable
 import torch
 
 from ..generation.tree_decoding import attention_kernels
+from ..targets import cpu_has_bf16_units, default_dtype
+from .near_ties import near_tie_check, reduced_precision
 from .suites import STANDARD_SUITES, Suite, load_suites
 
 METHOD_NAMES = ("plain", "lookup", "assisted", "tree", "assistant")
@@ -203,6 +205,7 @@ def machine_info(device: torch.device, dtype: torch.dtype | None = None) -> dict
         "eagle3_hub": __version__,
         "device": str(device),
         "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
+        "cpu_bf16_units": cpu_has_bf16_units(),  # AVX512-BF16 / AMX: bf16 matmuls of several rows in hardware
     }
     # thread settings change CPU timings a lot (OMP_WAIT_POLICY=PASSIVE: a 9-token forward ~1.7x slower here)
     threading_env = {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "KMP_", "MKL_", "GOMP_"))}
@@ -226,7 +229,8 @@ def describe_machine(machine: dict) -> str:
         where = machine["gpu"]
     else:
         n = machine.get("torch_threads") or machine.get("cpu_cores")
-        where = f"{machine.get('cpu', 'CPU')} ({n} thread{'s' if n != 1 else ''})"
+        where = f"{machine.get('cpu', 'CPU')} ({n} thread{'s' if n != 1 else ''}"
+        where += ", bf16 units)" if machine.get("cpu_bf16_units") else ")"
     policy = (machine.get("threading_env") or {}).get("OMP_WAIT_POLICY")
     where += f", OMP_WAIT_POLICY={policy}" if policy and not machine.get("gpu") else ""
     return f"{where}, {machine.get('dtype')}, torch {machine.get('torch')}, transformers {machine.get('transformers')}"
@@ -359,9 +363,10 @@ class TurnRecord:
     accept_hist: list[int] | None  # accept_hist[k] = steps that accepted exactly k draft tokens
     peak_memory_mb: float
     output_ids: list[int] = field(default_factory=list, repr=False)
+    prompt_ids: list[int] = field(default_factory=list, repr=False)
 
     def to_json(self, with_outputs: bool = False) -> dict:
-        d = {k: v for k, v in self.__dict__.items() if k != "output_ids"}
+        d = {k: v for k, v in self.__dict__.items() if k not in ("output_ids", "prompt_ids")}
         if with_outputs:
             d["output_ids"] = self.output_ids
         return d
@@ -431,7 +436,8 @@ class TurnRunner:
             prompt_tokens=prompt_len, new_tokens=len(new_ids), time_s=elapsed, draft_time_s=float(draft_t),
             verify_time_s=float(verify_t), target_forwards=int(forwards),
             accept_hist=_histogram(accepted) if accepted is not None else None,
-            peak_memory_mb=round(self.memory.peak_mb(), 1), output_ids=new_ids, mode=meta["mode"],
+            peak_memory_mb=round(self.memory.peak_mb(), 1), output_ids=new_ids, prompt_ids=input_ids[0].tolist(),
+            mode=meta["mode"],
             method=method.name, suite=meta["suite"], question_id=meta["question_id"],
             category=meta["category"], turn=meta["turn"],
         )
@@ -540,8 +546,12 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
     return rows
 
 
-def lossless_check(records: list[TurnRecord], tokenizer, plain_name: str = "plain") -> dict:
-    """Greedy outputs of every method against plain greedy, turn by turn."""
+def lossless_check(
+    records: list[TurnRecord], tokenizer, plain_name: str = "plain", near_ties: dict | None = None
+) -> dict:
+    """Greedy outputs of every method against plain greedy, turn by turn. ``near_ties`` (reduced precision:
+    ``near_ties.near_tie_check``): a method whose outputs differ is still lossless where every token it emitted
+    is the float32 target's choice up to a near-tie; each entry then carries its own and plain's scores."""
     plain = {(r.suite, r.question_id, r.turn): r for r in records if r.mode == "greedy" and r.method == plain_name}
     report: dict[str, dict] = {}
     for r in records:
@@ -567,8 +577,12 @@ def lossless_check(records: list[TurnRecord], tokenizer, plain_name: str = "plai
                 "method": tokenizer.decode(r.output_ids[max(0, first - 8): first + 12]),
             }
         )
-    for entry in report.values():
+    for method, entry in report.items():
         entry["lossless"] = entry["identical"] == entry["turns"]
+        if near_ties is not None and method in near_ties:
+            entry["near_ties"] = near_ties[method]
+            entry["plain_near_ties"] = near_ties.get(plain_name)
+            entry["lossless"] = entry["lossless"] or near_ties[method]["within_tolerance"]
     return report
 
 
@@ -637,6 +651,9 @@ def run_benchmark(
         if bar is not None:
             bar.close()
 
+    near = None
+    if reduced_precision(dtype) and any(r.mode == "greedy" for r in records):
+        near = near_tie_check(records, target, dtype)  # float32 scores of every greedy output
     results = {
         "format": "eagle3-hub-bench/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -654,7 +671,7 @@ def run_benchmark(
             "suites": [{"name": s.name, "source": s.source, "questions": len(s)} for s in suites],
         },
         "results": summarize(records),
-        "lossless": lossless_check(records, tokenizer),
+        "lossless": lossless_check(records, tokenizer, near_ties=near),
         "records": [r.to_json(with_outputs=keep_outputs) for r in records],
     }
     if tree_grid and len(tree_grid) > 1:
@@ -724,7 +741,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--target", default=None, help="target: Hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--draft", default=None, help="EAGLE-3 draft: Hub id or folder (default with the embedded target: the reference draft)")
     g.add_argument("--assistant-model", default=None, help="also run any small causal LM (Hub id or folder) as a classic assistant")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="auto: bfloat16 on GPU, float32 on CPU")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="auto: bfloat16 on GPU and on CPUs with bf16 units (AVX512-BF16, AMX), float32 on other CPUs")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     g = parser.add_argument_group("what to run")
     g.add_argument("--suite", default="mt_bench", help=f"comma-separated: question.jsonl files or folders, names ({', '.join(STANDARD_SUITES)}, all) or Hub dataset ids")
@@ -765,7 +782,7 @@ def _resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.
         device = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
     dev = torch.device(device)
     if dtype == "auto":
-        dt = torch.bfloat16 if dev.type == "cuda" else torch.float32
+        dt = default_dtype(dev)
     else:
         dt = getattr(torch, dtype)
     return dev, dt

@@ -32,6 +32,23 @@ def acceptance_text(by_pos: list[float] | None, max_positions: int = 5) -> str:
     return " / ".join(f"{p:.2f}" for p in by_pos[:max_positions])
 
 
+def lossless_text(entry: dict, suite: str = "_all") -> str:
+    """The greedy check of one method (``bench.lossless_check``), over all suites or one of them: identical to
+    plain greedy, or (reduced precision) parted from it only at near-ties, or not."""
+    e = entry["by_suite"].get(suite, entry) if suite != "_all" else entry
+    differ = e["turns"] - e["identical"]
+    if not differ:
+        return "yes"
+    near = entry.get("near_ties")
+    if entry["lossless"] and near:
+        plain = entry.get("plain_near_ties") or {}
+        return (
+            f"yes, up to near-ties ({differ} of {e['turns']} turns part at one; largest float32 gap "
+            f"{near['max_gap']:.2f}, plain's {plain.get('max_gap', float('nan')):.2f})"
+        )
+    return f"NO ({differ} of {e['turns']} turns differ)"
+
+
 def markdown_table(results: dict) -> str:
     """One row per suite, mode and method; 'all suites' rows pool every suite when there are several."""
     lossless = results.get("lossless", {})
@@ -46,9 +63,7 @@ def markdown_table(results: dict) -> str:
         if r["mode"] != "greedy" or r["method"] == "plain" or r["method"] not in lossless:
             same = "–"
         else:
-            e = lossless[r["method"]]
-            e = e["by_suite"].get(r["suite"], e) if r["suite"] != "_all" else e
-            same = "yes" if e["identical"] == e["turns"] else f"NO ({e['turns'] - e['identical']} of {e['turns']} turns differ)"
+            same = lossless_text(lossless[r["method"]], r["suite"])
         cells = [
             "all suites" if r["suite"] == "_all" else r["suite"],
             r["mode"],
@@ -176,6 +191,14 @@ def print_report(results: dict, paths: dict | None = None, file=None):
             f"{e['turns'] - e['identical']} of {e['turns']} turns."
         )
         first = e["mismatches"][0]
+        near = e.get("near_ties")
+        if near:
+            w = near["worst"] or {}
+            banner += (
+                f" {near['over_tolerance']} of {near['tokens']} tokens are not the float32 target's choice up to a "
+                f"near-tie (worst: gap {near['max_gap']:.3f} at suite {w.get('suite')}, question "
+                f"{w.get('question_id')}, turn {w.get('turn')}, token {w.get('token')}; tolerance {w.get('tolerance', 0):.3f})."
+            )
         detail = (
             f"  first: suite {first['suite']}, question {first['question_id']}, turn {first['turn']}, token "
             f"{first['first_difference']}:\n    plain : {first['plain']!r}\n    {method:6s}: {first['method']!r}\n"

@@ -1,0 +1,92 @@
+"""The greedy check of a benchmark run in reduced precision: is every token the target's own choice?
+
+In float32, greedy tree decoding emits exactly the tokens of plain greedy ``target.generate``, and the benchmark
+compares them token for token. In bfloat16 (or float16) it cannot: a verification of several tokens runs other
+matrix kernels than a one-token step, the two round differently, and bf16 logits are coarse (steps of 0.125
+between 16 and 32), so two candidates that are near-tied can swap, and from there the texts part. On SmolLM2-135M
+in bf16, 6 of 6 MT-bench first turns parted so, each at a pair of tokens whose float32 logits were 0.001-0.17
+apart, and at 4 of the 6 the tree's token was the float32 favourite.
+
+So in reduced precision each greedy output is scored, teacher-forced, by a float32 copy of the same weights:
+at every position the gap between the best float32 logit and the logit of the token that was emitted. A correct
+decoder, plain or tree, only ever emits a token within rounding of the best; a bug (a wrong cache slot, a wrong
+mask, an off-by-one in the accepted path) emits tokens far below it. The tolerance is a few bf16 steps at the
+logits' magnitude, and plain decoding's own gaps are reported next to every method's, so the two can be compared.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+
+# a token is a near-tie choice when its float32 logit is within this many steps of the reduced dtype (at the
+# magnitude of the best logit) of the best one
+TOLERANCE_STEPS = 4.0
+MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
+
+
+def reduced_precision(dtype: torch.dtype) -> bool:
+    return dtype in MANTISSA_BITS
+
+
+def step_at(value: float, dtype: torch.dtype) -> float:
+    """The spacing of ``dtype``'s numbers around ``value`` (its unit in the last place)."""
+    if value == 0:
+        return 0.0
+    return 2.0 ** (math.floor(math.log2(abs(value))) - MANTISSA_BITS[dtype])
+
+
+def float32_reference(target) -> torch.nn.Module:
+    """A float32 copy of ``target`` (same weights, same device) to score outputs with."""
+    return copy.deepcopy(target).float().eval().requires_grad_(False)
+
+
+@torch.inference_mode()
+def argmax_gaps(reference, prompt_ids: list[int], output_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Teacher-forced float32 scores of ``output_ids`` after ``prompt_ids``: (gap, best logit) per output token,
+    where gap = best logit - logit of the emitted token (0 where the emitted token is the float32 argmax)."""
+    if not output_ids:
+        return torch.zeros(0), torch.zeros(0)
+    device = next(reference.parameters()).device
+    ids = torch.tensor([prompt_ids + output_ids[:-1]], device=device)
+    n = len(output_ids)
+    logits = reference(input_ids=ids, logits_to_keep=n).logits[0, -n:].float()  # (n, V)
+    chosen = logits.gather(1, torch.tensor(output_ids, device=device)[:, None]).squeeze(1)
+    best = logits.max(dim=-1).values
+    return (best - chosen).cpu(), best.cpu()
+
+
+def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE_STEPS) -> dict:
+    """Per method, over its greedy records (each with ``prompt_ids`` and ``output_ids``): tokens scored, tokens
+    that are the float32 argmax, the largest gap, and the tokens whose gap exceeds ``steps`` steps of ``dtype``."""
+    reference = float32_reference(target)
+    report: dict[str, dict] = {}
+    try:
+        for r in records:
+            if r.mode != "greedy":
+                continue
+            gaps, best = argmax_gaps(reference, r.prompt_ids, r.output_ids)
+            tol = torch.tensor([steps * step_at(float(b), dtype) for b in best.tolist()])
+            e = report.setdefault(
+                r.method, {"turns": 0, "tokens": 0, "argmax": 0, "max_gap": 0.0, "over_tolerance": 0, "worst": None}
+            )
+            e["turns"] += 1
+            e["tokens"] += len(gaps)
+            e["argmax"] += int((gaps == 0).sum())
+            e["over_tolerance"] += int((gaps > tol).sum())
+            if len(gaps) and float(gaps.max()) > e["max_gap"]:
+                i = int(gaps.argmax())
+                e["max_gap"] = float(gaps[i])
+                e["worst"] = {"suite": r.suite, "question_id": r.question_id, "turn": r.turn, "token": i,
+                              "gap": float(gaps[i]), "tolerance": float(tol[i])}
+    finally:
+        del reference
+    for e in report.values():
+        e["within_tolerance"] = e["over_tolerance"] == 0
+        e["tolerance_steps"] = steps
+    return report
+
+
+__all__ = ["TOLERANCE_STEPS", "argmax_gaps", "float32_reference", "near_tie_check", "reduced_precision", "step_at"]
