@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
@@ -170,12 +171,19 @@ def plot_chart(results: dict, path: str | Path) -> Path:
     return path
 
 
+def _write_atomic(path: Path, text: str):
+    """Write through a temporary file in the same folder: an interrupted run never leaves half a report."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
 def write_report(results: dict, out_dir: str | Path, chart: bool = True) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "bench.json", "markdown": out / "bench.md"}
-    paths["json"].write_text(json.dumps(results, indent=1, default=str) + "\n")
-    paths["markdown"].write_text(markdown_report(results))
+    _write_atomic(paths["json"], json.dumps(results, indent=1, default=str) + "\n")
+    _write_atomic(paths["markdown"], markdown_report(results))
     if chart:
         paths["chart"] = plot_chart(results, out / "bench.png")
     return paths
