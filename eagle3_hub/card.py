@@ -213,6 +213,12 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
             best = {k: v for k, v in sweep["best"].items() if k != "speedup"}
             out += [f"Best tree setting on this machine ({m}): {', '.join(f'`{k}={v}`' for k, v in best.items())} "
                     f"({sweep['best']['speedup']:.2f}×).", ""]
+    if any(e.get("near_ties") for e in lossless.values()):
+        out += [f"In {bench['machine'].get('dtype')}, verifying several tokens at once rounds differently from one-token "
+                "decoding, so outputs can part from plain greedy at a near-tie. Every greedy output of this run, plain's "
+                "included, was scored by a float32 copy of the target: *yes, up to near-ties* means each emitted token "
+                "was within rounding of the float32 target's best (the largest gaps are given). In float32 the outputs "
+                "are token for token plain greedy's.", ""]
     if chart:
         out += [f"![Speed-up and acceptance by draft position]({chart})", ""]
     out += ["Speed-ups depend on the hardware, the dtype and the prompts; measure yours with "

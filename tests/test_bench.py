@@ -18,6 +18,7 @@ from tiny_models import make_tiny_target  # noqa: E402
 
 from eagle3_hub.benchmark import bench, report, suites  # noqa: E402
 from eagle3_hub.benchmark.bench import Mode, TurnRecord, run_benchmark  # noqa: E402
+from eagle3_hub.targets import default_dtype  # noqa: E402
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -336,7 +337,8 @@ def test_cli_writes_table_json_and_chart(tiny_folders, tmp_path, capsys):
     assert {s["name"] for s in data["settings"]["suites"]} == {"mt_bench", "gsm8k"}
     assert data["settings"]["target"] == str(tiny_folders / "target")
     assert {r["method"] for r in data["results"]} == {"plain", "lookup", "assistant"}
-    assert data["machine"]["device"] == "cpu" and data["machine"]["dtype"] == "float32"
+    auto = str(default_dtype("cpu")).replace("torch.", "")  # --dtype auto: bfloat16 where the CPU has bf16 units
+    assert data["machine"]["device"] == "cpu" and data["machine"]["dtype"] == auto
     png = (out / "bench.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 10_000
     assert (out / "bench.md").read_text().startswith("# eagle3-hub bench")

@@ -116,5 +116,6 @@ def test_bfloat16_bench_scores_every_greedy_output(tmp_path):
     assert entry["near_ties"]["turns"] == 2 and entry["near_ties"]["tokens"] == 32
     assert entry["plain_near_ties"]["tokens"] == 32
     assert entry["near_ties"]["within_tolerance"] and entry["lossless"]
+    assert entry["near_ties"]["by_suite"]["mt_bench"]["tokens"] == 32
     assert next(iter(res["records"]))  # records stay JSON-able without their prompts
     assert "prompt_ids" not in res["records"][0]

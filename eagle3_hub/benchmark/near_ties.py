@@ -60,7 +60,8 @@ def argmax_gaps(reference, prompt_ids: list[int], output_ids: list[int]) -> tupl
 
 def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE_STEPS) -> dict:
     """Per method, over its greedy records (each with ``prompt_ids`` and ``output_ids``): tokens scored, tokens
-    that are the float32 argmax, the largest gap, and the tokens whose gap exceeds ``steps`` steps of ``dtype``."""
+    that are the float32 argmax, the largest gap, and the tokens whose gap exceeds ``steps`` steps of ``dtype``;
+    ``by_suite``: tokens, largest gap and tokens over the tolerance per suite."""
     reference = float32_reference(target)
     report: dict[str, dict] = {}
     try:
@@ -70,15 +71,20 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
             gaps, best = argmax_gaps(reference, r.prompt_ids, r.output_ids)
             tol = torch.tensor([steps * step_at(float(b), dtype) for b in best.tolist()])
             e = report.setdefault(
-                r.method, {"turns": 0, "tokens": 0, "argmax": 0, "max_gap": 0.0, "over_tolerance": 0, "worst": None}
+                r.method,
+                {"turns": 0, "tokens": 0, "argmax": 0, "max_gap": 0.0, "over_tolerance": 0, "worst": None, "by_suite": {}},
             )
+            per_suite = e["by_suite"].setdefault(r.suite, {"tokens": 0, "max_gap": 0.0, "over_tolerance": 0})
             e["turns"] += 1
-            e["tokens"] += len(gaps)
+            over = int((gaps > tol).sum())
+            largest = float(gaps.max()) if len(gaps) else 0.0
+            for counts in (e, per_suite):
+                counts["tokens"] += len(gaps)
+                counts["over_tolerance"] += over
+                counts["max_gap"] = max(counts["max_gap"], largest)
             e["argmax"] += int((gaps == 0).sum())
-            e["over_tolerance"] += int((gaps > tol).sum())
-            if len(gaps) and float(gaps.max()) > e["max_gap"]:
+            if len(gaps) and (e["worst"] is None or largest > e["worst"]["gap"]):
                 i = int(gaps.argmax())
-                e["max_gap"] = float(gaps[i])
                 e["worst"] = {"suite": r.suite, "question_id": r.question_id, "turn": r.turn, "token": i,
                               "gap": float(gaps[i]), "tolerance": float(tol[i])}
     finally:

@@ -43,6 +43,9 @@ def lossless_text(entry: dict, suite: str = "_all") -> str:
     near = entry.get("near_ties")
     if entry["lossless"] and near:
         plain = entry.get("plain_near_ties") or {}
+        if suite != "_all":  # the suite's own figures where the check kept them
+            near = near.get("by_suite", {}).get(suite, near)
+            plain = plain.get("by_suite", {}).get(suite, plain)
         return (
             f"yes, up to near-ties ({differ} of {e['turns']} turns part at one; largest float32 gap "
             f"{near['max_gap']:.2f}, plain's {plain.get('max_gap', float('nan')):.2f})"
