@@ -603,9 +603,12 @@ def run_benchmark(
     progress: bool = True,
     keep_outputs: bool = False,
     max_turns: int | None = None,
+    float32_check: bool = True,
 ) -> dict:
     """Run every method on every question of every suite (interleaved) and return the results dict that
-    ``report.write_report`` renders. ``target``/``draft`` must already sit on their device and dtype."""
+    ``report.write_report`` renders. ``target``/``draft`` must already sit on their device and dtype.
+    ``float32_check``: in bf16/fp16, score every greedy output with a float32 copy of the target (``near_ties``),
+    which needs memory for that copy once the runs are done."""
     methods = list(dict.fromkeys(methods))
     if "plain" not in methods:
         methods.insert(0, "plain")  # speed-ups are relative to plain decoding in the same run
@@ -651,9 +654,16 @@ def run_benchmark(
         if bar is not None:
             bar.close()
 
-    near = None
+    near, near_skipped = None, None
     if reduced_precision(dtype) and any(r.mode == "greedy" for r in records):
-        near = near_tie_check(records, target, dtype)  # float32 scores of every greedy output
+        if not float32_check:
+            near_skipped = "turned off (--no-float32-check)"
+        else:
+            try:  # float32 scores of every greedy output, by a float32 copy of the target
+                near = near_tie_check(records, target, dtype)
+            except (torch.cuda.OutOfMemoryError, MemoryError) as e:  # no room for the copy: keep the figures measured
+                near_skipped = f"no memory for a float32 copy of the target ({type(e).__name__})"
+                print(f"warning: the float32 greedy check was skipped: {near_skipped}", file=sys.stderr)
     results = {
         "format": "eagle3-hub-bench/1",
         "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -672,6 +682,7 @@ def run_benchmark(
         },
         "results": summarize(records),
         "lossless": lossless_check(records, tokenizer, near_ties=near),
+        "float32_check_skipped": near_skipped,
         "records": [r.to_json(with_outputs=keep_outputs) for r in records],
     }
     if tree_grid and len(tree_grid) > 1:
@@ -770,6 +781,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and bench.png")
     g.add_argument("--no-chart", action="store_true")
     g.add_argument("--save-outputs", action="store_true", help="keep every generated token id in bench.json")
+    g.add_argument("--no-float32-check", action="store_true", help="in bf16/fp16: skip scoring the greedy outputs with a float32 copy of the target (it needs memory for that copy)")
     g.add_argument("--strict", action="store_true", help="exit with status 1 when a greedy output differs from plain greedy")
     g.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -863,6 +875,7 @@ def run(args) -> int:
         assistant_tokenizer=assistant_tok, modes=modes, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
         tree_grid=tree_grid_from_args(args) if "tree" in methods else None, lookup_tokens=args.lookup_tokens,
         warmup=args.warmup, seed=args.seed, progress=not args.quiet, keep_outputs=args.save_outputs,
+        float32_check=not args.no_float32_check,
     )
     results["settings"].update(
         target=args.target or "smollm2-135m-instruct",
