@@ -4,8 +4,9 @@ In float32, greedy tree decoding emits exactly the tokens of plain greedy ``targ
 compares them token for token. In bfloat16 (or float16) it cannot: a verification of several tokens runs other
 matrix kernels than a one-token step, the two round differently, and bf16 logits are coarse (steps of 0.125
 between 16 and 32), so two candidates that are near-tied can swap, and from there the texts part. On SmolLM2-135M
-in bf16, 6 of 6 MT-bench first turns parted so, each at a pair of tokens whose float32 logits were 0.001-0.17
-apart, and at 4 of the 6 the tree's token was the float32 favourite.
+in bf16, 5 of the first 6 MT-bench first turns parted so, each at a pair of tokens whose float32 logits were
+0.001-0.17 apart, and at 3 of the 5 the tree's token was the float32 favourite
+(results/smollm2-135m-instruct/diagnostics/bf16_first_partings.py).
 
 So in reduced precision each greedy output is scored, teacher-forced, by a float32 copy of the same weights:
 at every position the gap between the best float32 logit and the logit of the token that was emitted. A correct

@@ -121,7 +121,8 @@ except ImportError:
 # (verification is flat there, and the draft graph replays one shape).
 # CPU in bfloat16 (a CPU with bf16 units, AVX512-BF16 or AMX, where ``--dtype auto`` picks it): verification is
 # nearly flat there (SmolLM2-135M, 200-token cache, AMD EPYC with AVX512-BF16: 1 token 38 ms, 8: 42, 16: 49; float32
-# 57 / 83 / 89), so pruning unlikely nodes saves little and wide first levels pay. BF16_SWEEP below.
+# 57 / 83 / 89), so pruning unlikely nodes saves little and wide first levels pay: 3/8/6 without pruning was first or
+# second in sweeps on 6 and 10 MT-bench first turns (2.28x / 2.44x plain bf16; results/smollm2-135m-instruct/sweep_bf16/).
 TREE_DEFAULTS: dict[str, dict[str, float]] = {
     "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1},
     "cpu-bfloat16": {"depth": 3, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0},
