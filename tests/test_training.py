@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import make_tiny_target  # noqa: E402
 
 from eagle3_hub import Eagle3DraftModel  # noqa: E402
-from eagle3_hub.targets import load_target, resolve_target  # noqa: E402
+from eagle3_hub.targets import cpu_has_bf16_units, load_target, resolve_target  # noqa: E402
 from eagle3_hub.training import features as features_module  # noqa: E402
 from eagle3_hub.training.data import (  # noqa: E402
     PRESETS,
@@ -47,7 +47,9 @@ from eagle3_hub.training.data import (  # noqa: E402
 )
 from eagle3_hub.training.features import OfflineFeatures, ShardReader, aux_features, sample_key  # noqa: E402
 from eagle3_hub.training.recipe import load_recipe, parse_overrides  # noqa: E402
-from eagle3_hub.training.train import LengthGroupedBatches, collate, held_out_split, run, train  # noqa: E402
+from eagle3_hub.training.train import (  # noqa: E402
+    LengthGroupedBatches, collate, held_out_split, resolve_mixed_precision, run, train,
+)
 from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss  # noqa: E402
 from eagle3_hub.training.vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts  # noqa: E402
 
@@ -539,6 +541,28 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradients():
     torch.testing.assert_close(l0, l1)
     for name in g0:
         torch.testing.assert_close(g0[name], g1[name], rtol=1e-5, atol=1e-6)
+
+
+def test_bf16_autocast_gives_the_float32_loss_and_gradients_up_to_rounding():
+    """train.mixed_precision bf16 (auto on GPUs and on CPUs with bf16 units): the TTT step runs under autocast on
+    the CPU and its loss and gradients stay close to float32's; auto resolves by the device."""
+    draft, aux, ids, target_logits, loss_mask, att, K, _ = ttt_case(seed=2)
+    draft.train()
+    runs = []
+    for ctx in (torch.autocast("cpu", enabled=False), torch.autocast("cpu", dtype=torch.bfloat16)):
+        draft.zero_grad()
+        with ctx:
+            out = ttt_loss(draft, aux, ids, target_logits, loss_mask, att, ttt_steps=K)
+        out.loss.backward()
+        runs.append((out.loss.detach(), torch.cat([p.grad.flatten() for p in draft.parameters() if p.grad is not None])))
+    (l32, g32), (l16, g16) = runs
+    assert l16.dtype == torch.float32 and torch.isfinite(g16).all()
+    assert not torch.equal(g32, g16)  # autocast did run in bf16
+    assert abs(l16 - l32) < 0.02 * abs(l32)
+    assert torch.nn.functional.cosine_similarity(g32, g16, dim=0) > 0.99
+    assert resolve_mixed_precision("no") == "no" and resolve_mixed_precision("fp16") == "fp16"
+    if not torch.cuda.is_available():
+        assert resolve_mixed_precision("auto") == ("bf16" if cpu_has_bf16_units() else "no")
 
 
 # ----------------------------------------------------------------------------------------------- end to end
