@@ -252,7 +252,8 @@ def _training_section(info: dict) -> str:
 def _usage_section(repo: str, target: str, config: dict, tree_params: dict | None) -> str:
     tree = tree_params or {}
     depth, topk, total = tree.get("depth"), tree.get("tree_top_k"), tree.get("total_tokens")
-    tree_args = "".join(f", {k}={tree[k]}" for k in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob")
+    tree_args = "".join(f", {k}={tree[k]}" for k in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob",
+                                                      "grow_min_prob")
                         if tree.get(k) is not None)
     out = [
         "## Usage",

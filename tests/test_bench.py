@@ -361,6 +361,12 @@ def test_tree_grid_and_sweep_summary():
     best = bench.sweep_summary(rows, methods)["greedy"]
     assert best["best"] == {"depth": 3, "tree_top_k": 8, "total_tokens": 32, "speedup": 1.9}
     assert [r["speedup"] for r in best["ranking"]] == [1.9, 1.5, 1.2, 1.1]
+    # the pruning and growth thresholds are lists too; the tree_label names every setting given
+    args = _parse(["--depth", "6", "--min-node-prob", "0", "--grow-min-prob", "0,0.3"])
+    grid = bench.tree_grid_from_args(args)
+    assert grid == [{"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.0},
+                    {"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.3}]
+    assert bench.tree_label(grid[1]) == "tree[depth=6,min_node_prob=0.0,grow_min_prob=0.3]"
 
 
 # ----------------------------------------------------------------------------------------- the real target

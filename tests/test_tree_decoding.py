@@ -299,6 +299,54 @@ def test_min_node_prob_stops_drafting_levels_that_could_not_add_a_node(monkeypat
     assert stopping.stats.draft_forwards < every.stats.draft_forwards
 
 
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_grow_min_prob_drafts_deep_where_the_draft_is_sure_and_stays_lossless(arch, monkeypatch):
+    """With ``grow_min_prob`` a further level is drafted only while some frontier node's cumulative draft probability
+    reaches it: the trees keep every node of the levels they have (``total_tokens`` where the pool allows), their
+    depth varies from step to step up to ``depth``, there are fewer draft forwards than with every level drafted, and
+    the output is plain greedy, also in a left-padded batch."""
+    target = make_tiny_target(arch)
+    draft = copy_draft(target)
+    with torch.no_grad():  # a sharp copy: sure on some steps, unsure on others
+        draft.lm_head.weight.mul_(20)
+    depths, levels = [], []
+    grow, can_grow = tree_decoding._TreeDecoder._grow, tree_decoding._TreeDecoder._can_grow
+
+    def recording(self, depth, score, token, *args):
+        levels.append(1)
+        out = grow(self, depth, score, token, *args)
+        depths.append(int(out[2].max()))
+        return out
+
+    def counting(self, f_score):
+        ok = can_grow(self, f_score)
+        levels[-1] += int(ok)
+        return ok
+
+    monkeypatch.setattr(tree_decoding._TreeDecoder, "_grow", recording)
+    monkeypatch.setattr(tree_decoding._TreeDecoder, "_can_grow", counting)
+    ids = prompt(seed=7)
+    ref = plain_greedy(target, ids, 80)
+    shape = dict(depth=6, tree_top_k=4, total_tokens=8, lookup_tokens=0, min_node_prob=0.0)
+    every = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], grow_min_prob=0.0, **shape)
+    every_levels = list(levels)
+    assert max(every_levels) == 6  # (fewer near the end, where fewer tokens are left to draft)
+    depths.clear(), levels.clear()
+    grown = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], grow_min_prob=0.3, **shape)
+    assert torch.equal(every.sequences, ref) and torch.equal(grown.sequences, ref)
+    assert grown.stats.tree["grow_min_prob"] == 0.3
+    assert min(levels) < 6 and max(levels) > 2  # shallow on some steps, deep on others
+    assert sum(levels) / len(levels) < sum(every_levels) / len(every_levels)
+    assert all(d <= lv for d, lv in zip(depths, levels))
+    assert grown.stats.draft_forwards < every.stats.draft_forwards
+    prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4))]
+    bids, mask = left_padded(prompts)
+    out = generate(target, draft, bids, attention_mask=mask, max_new_tokens=40, eos_token_id=[], grow_min_prob=0.3,
+                   **shape)
+    for i, p in enumerate(prompts):
+        assert torch.equal(out.sequences[i, 12:], plain_greedy(target, p[None], 40)[0, len(p) :]), f"row {i}"
+
+
 def test_prompt_lookup_proposes_what_followed_the_latest_longest_suffix():
     tokens = [0, 0, 5, 6, 7, 8, 5, 6, 9, 1, 5, 6]  # two left-padding slots
     look = _PromptLookup(tokens, start=2, share=COPY_ALL)
@@ -849,6 +897,12 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="set min_node_prob=0 or draft_graph=False"):
         generate(target, draft, ids, max_new_tokens=4, min_node_prob=0.1, draft_graph=True)
     assert generate(target, draft, ids, max_new_tokens=4, draft_graph=True).stats.tree["min_node_prob"] == 0.0
+    for bad in (-0.1, 1.0, False, "0.2"):
+        with pytest.raises(ValueError, match="grow_min_prob must be a probability in"):
+            generate(target, draft, ids, max_new_tokens=4, grow_min_prob=bad)
+    with pytest.raises(ValueError, match="set grow_min_prob=0 or draft_graph=False"):
+        generate(target, draft, ids, max_new_tokens=4, grow_min_prob=0.2, draft_graph=True)
+    assert generate(target, draft, ids, max_new_tokens=4, draft_graph=True).stats.tree["grow_min_prob"] == 0.0
 
 
 def test_attention_kernels_leave_out_cudnn_on_cuda_only():
@@ -874,6 +928,7 @@ def test_tree_defaults_per_device():
         assert shape["total_tokens"] <= shape["top_k"] + (shape["depth"] - 1) * shape["top_k"] ** 2
         assert shape["lookup_tokens"] >= 0
         assert 0 <= shape["min_node_prob"] < 1
+        assert 0 <= shape["grow_min_prob"] < 1
 
 
 def test_a_bfloat16_cpu_target_gets_the_bfloat16_tree():
@@ -881,8 +936,8 @@ def test_a_bfloat16_cpu_target_gets_the_bfloat16_tree():
     draft = Eagle3DraftModel.from_target(target).eval().to(torch.bfloat16)
     out = generate(target, draft, torch.tensor([[5, 17, 33, 9]]), max_new_tokens=8)
     want = TREE_DEFAULTS["cpu-bfloat16"]
-    assert {k: out.stats.tree[k] for k in ("depth", "top_k", "total_tokens", "min_node_prob")} == {
-        k: want[k] for k in ("depth", "top_k", "total_tokens", "min_node_prob")}
+    keys = ("depth", "top_k", "total_tokens", "min_node_prob", "grow_min_prob")
+    assert {k: out.stats.tree[k] for k in keys} == {k: want[k] for k in keys}
     assert out.sequences.shape == (1, 12)
 
 

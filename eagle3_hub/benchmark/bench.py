@@ -327,7 +327,7 @@ def build_methods(
                         eos_token_id=gc.eos_token_id, tokenizer=ctx.tokenizer,
                         depth=params.get("depth"), tree_top_k=params.get("tree_top_k"),
                         total_tokens=params.get("total_tokens"), lookup_tokens=params.get("lookup_tokens"),
-                        min_node_prob=params.get("min_node_prob"),
+                        min_node_prob=params.get("min_node_prob"), grow_min_prob=params.get("grow_min_prob"),
                     )
                     return out.sequences, out.stats
 
@@ -337,7 +337,7 @@ def build_methods(
     return methods
 
 
-TREE_KEYS = ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob")
+TREE_KEYS = ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob")
 
 
 def tree_label(params: dict) -> str:
@@ -428,7 +428,8 @@ class TurnRunner:
                 tree = stats.tree
                 method.tree_params = {"depth": tree.get("depth"), "tree_top_k": tree.get("top_k"),
                                       "total_tokens": tree.get("total_tokens"), "lookup_tokens": tree.get("lookup_tokens"),
-                                      "min_node_prob": tree.get("min_node_prob")}
+                                      "min_node_prob": tree.get("min_node_prob"),
+                                      "grow_min_prob": tree.get("grow_min_prob")}
         else:  # generate with or without an assistant: from where each target forward started
             accepted = self.starts.accepted_per_step(prompt_len, prompt_len + len(new_ids))
             forwards, draft_t, verify_t = len(self.starts.starts), self.draft_timer.total, self.verify_timer.total
@@ -736,7 +737,8 @@ def tree_grid_from_args(args) -> list[dict]:
         dict(zip(TREE_KEYS, values))
         for values in itertools.product(_number_list(args.depth), _number_list(args.tree_top_k), _number_list(args.total_tokens),
                                         _number_list(getattr(args, "tree_lookup_tokens", None)),
-                                        _number_list(getattr(args, "min_node_prob", None), float))
+                                        _number_list(getattr(args, "min_node_prob", None), float),
+                                        _number_list(getattr(args, "grow_min_prob", None), float))
     ]
     grid = [{k: v for k, v in g.items() if v is not None} for g in grid]
     # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
@@ -776,6 +778,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                    help="tokens copied from the text so far as one more branch of the tree, greedy only; 0 = none (list with --sweep)")
     g.add_argument("--min-node-prob", default=None,
                    help="keep only tree nodes whose cumulative draft probability reaches this; 0 = always --total-tokens (list with --sweep)")
+    g.add_argument("--grow-min-prob", default=None,
+                   help="draft a further tree level (up to --depth) only while a frontier node's cumulative draft probability "
+                        "reaches this; 0 = always --depth levels (list with --sweep)")
     g.add_argument("--sweep", action="store_true", help="try every combination of --depth/--tree-top-k/--total-tokens and report the best for this device")
     g = parser.add_argument_group("output")
     g.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and bench.png")

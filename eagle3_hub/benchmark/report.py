@@ -89,12 +89,12 @@ def sweep_table(results: dict, limit: int = 10) -> str:
     lines = []
     for mode, sweep in (results.get("sweep") or {}).items():
         lines.append(f"Tree settings, {mode}, best first:\n")
-        lines.append("| depth | tree_top_k | total_tokens | lookup_tokens | min_node_prob | Speed-up | Tokens/s | Accept. length |")
-        lines.append("|---|---|---|---|---|---|---|---|")
+        lines.append("| depth | tree_top_k | total_tokens | lookup_tokens | min_node_prob | grow_min_prob | Speed-up | Tokens/s | Accept. length |")
+        lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in sweep["ranking"][:limit]:
             lines.append(
                 f"| {r.get('depth', 'default')} | {r.get('tree_top_k', 'default')} | {r.get('total_tokens', 'default')} | "
-                f"{r.get('lookup_tokens', 'default')} | {r.get('min_node_prob', 'default')} | "
+                f"{r.get('lookup_tokens', 'default')} | {r.get('min_node_prob', 'default')} | {r.get('grow_min_prob', 'default')} | "
                 f"{_fmt(r['speedup'], '.2f')}× | {_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['mean_acceptance_length'], '.2f')} |"
             )
         lines.append("")

@@ -72,6 +72,13 @@ def add_arguments(parser: argparse.ArgumentParser):
         "default: per device)",
     )
     parser.add_argument(
+        "--grow-min-prob",
+        type=float,
+        default=None,
+        help="draft a further tree level (up to --depth) only while a frontier node's cumulative draft probability "
+        "reaches this (0 = always --depth levels; default: per device)",
+    )
+    parser.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "bfloat16", "float16", "float32"],
@@ -149,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         total_tokens=args.total_tokens,
         lookup_tokens=args.lookup_tokens,
         min_node_prob=args.min_node_prob,
+        grow_min_prob=args.grow_min_prob,
         generator=generator,
     )
     if args.stats:

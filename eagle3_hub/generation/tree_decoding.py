@@ -124,9 +124,9 @@ except ImportError:
 # 57 / 83 / 89), so pruning unlikely nodes saves little and wide first levels pay: 3/8/6 without pruning was first or
 # second in sweeps on 6 and 10 MT-bench first turns (2.28x / 2.44x plain bf16; results/smollm2-135m-instruct/sweep_bf16/).
 TREE_DEFAULTS: dict[str, dict[str, float]] = {
-    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1},
-    "cpu-bfloat16": {"depth": 3, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0},
-    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0},
+    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1, "grow_min_prob": 0.0},
+    "cpu-bfloat16": {"depth": 3, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0, "grow_min_prob": 0.0},
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0, "grow_min_prob": 0.0},
 }
 # share of lookup_tokens proposed after a match of the text's last 3 / 2 / 1 tokens (rounded, at least 1). On
 # SmolLM2's greedy answers to 10 questions per suite, the copy after a 3-token match holds for 15 tokens on
@@ -176,7 +176,7 @@ _HISTORY_FREE_PROCESSORS = tuple(
 
 
 def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None) -> dict[str, float]:
-    """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` / ``min_node_prob`` for a device and the
+    """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` / ``min_node_prob`` / ``grow_min_prob`` for a device and the
     target's dtype (``TREE_DEFAULTS``: a CPU's differ in bfloat16; CUDA's for other accelerators)."""
     kind = torch.device(device).type
     if kind == "cpu" and dtype == torch.bfloat16:
@@ -501,7 +501,13 @@ def check_draft_fits_target(draft, target):
 
 
 def _check_tree_parameters(
-    depth: int, top_k: int, total_tokens: int, draft_vocab: int, lookup_tokens: int = 0, min_node_prob: float = 0.0
+    depth: int,
+    top_k: int,
+    total_tokens: int,
+    draft_vocab: int,
+    lookup_tokens: int = 0,
+    min_node_prob: float = 0.0,
+    grow_min_prob: float = 0.0,
 ):
     for name, value in (
         ("depth", depth),
@@ -514,6 +520,8 @@ def _check_tree_parameters(
         raise ValueError(f"lookup_tokens must be a non-negative integer (0: no lookup branch), got {lookup_tokens!r}")
     if isinstance(min_node_prob, bool) or not isinstance(min_node_prob, (int, float)) or not 0 <= min_node_prob < 1:
         raise ValueError(f"min_node_prob must be a probability in [0, 1) (0: always total_tokens nodes), got {min_node_prob!r}")
+    if isinstance(grow_min_prob, bool) or not isinstance(grow_min_prob, (int, float)) or not 0 <= grow_min_prob < 1:
+        raise ValueError(f"grow_min_prob must be a probability in [0, 1) (0: always `depth` levels), got {grow_min_prob!r}")
     if top_k > draft_vocab:
         raise ValueError(f"tree_top_k={top_k} exceeds the draft vocabulary ({draft_vocab} tokens)")
     pool = top_k + (depth - 1) * top_k * top_k
@@ -578,6 +586,7 @@ class _TreeDecoder:
         total_tokens: int,
         lookup_tokens: int,
         min_node_prob: float,
+        grow_min_prob: float,
         do_sample: bool,
         processors: LogitsProcessorList,
         eos_ids: list[int],
@@ -593,6 +602,9 @@ class _TreeDecoder:
         self.depth, self.top_k, self.total_tokens = depth, top_k, total_tokens
         self.lookup_tokens = lookup_tokens
         self.min_node_logp = math.log(min_node_prob) if min_node_prob > 0 else None
+        # a further level is drafted only while a frontier node reaches this (the stricter of the two thresholds)
+        grow = max(min_node_prob, grow_min_prob)
+        self.grow_logp = math.log(grow) if grow > 0 else None
         self.do_sample = do_sample
         self.processors = processors
         self.history_free = all(isinstance(p, _HISTORY_FREE_PROCESSORS) for p in processors)
@@ -628,7 +640,7 @@ class _TreeDecoder:
         self.d2t = draft.d2t.to(self.device)
         self.stats = TreeDecodingStats(
             tree={"depth": depth, "top_k": top_k, "total_tokens": total_tokens, "lookup_tokens": lookup_tokens,
-                  "min_node_prob": min_node_prob}
+                  "min_node_prob": min_node_prob, "grow_min_prob": grow_min_prob}
         )
         self._timed = self.device.type == "cuda"
         self._events: list = []
@@ -1067,9 +1079,10 @@ class _TreeDecoder:
         return tree
 
     def _can_grow(self, f_score: torch.Tensor) -> bool:
-        """Whether a further level could add a node to the tree: not when every frontier node (b, k) scores below
-        min_node_prob, since a child always scores below its parent (one sync; never with draft_graph)."""
-        return self.min_node_logp is None or bool((f_score >= self.min_node_logp).any())
+        """Whether to draft a further level: not when every frontier node (b, k) scores below min_node_prob (a child
+        always scores below its parent, so the level could add no node) or below grow_min_prob (its nodes would
+        rarely be accepted). One sync; never with draft_graph."""
+        return self.grow_logp is None or bool((f_score >= self.grow_logp).any())
 
     def _grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos):
         """Levels 2..depth of the tree from the root's k children (score, token: (b, k); root_hidden (b, 1, H)),
@@ -1279,6 +1292,7 @@ def _run(
     lookup_tokens=None,
     draft_graph=None,
     min_node_prob=None,
+    grow_min_prob=None,
 ) -> TreeDecodingOutput:
     draft = _prepare_draft(draft, target)
     if input_ids.dim() == 1:
@@ -1327,14 +1341,17 @@ def _run(
         draft_graph = device.type == "cuda"
     if min_node_prob is None:
         min_node_prob = 0.0 if draft_graph else defaults["min_node_prob"]
+    if grow_min_prob is None:
+        grow_min_prob = 0.0 if draft_graph else defaults["grow_min_prob"]
     _check_tree_parameters(
-        depth, tree_top_k, total_tokens, draft.config.draft_vocab_size, lookup_tokens, min_node_prob
+        depth, tree_top_k, total_tokens, draft.config.draft_vocab_size, lookup_tokens, min_node_prob, grow_min_prob
     )
-    if min_node_prob > 0 and draft_graph:
-        raise ValueError(
-            "min_node_prob sizes each tree anew, and draft_graph replays one tree shape: set min_node_prob=0 or "
-            "draft_graph=False."
-        )
+    for name, value in (("min_node_prob", min_node_prob), ("grow_min_prob", grow_min_prob)):
+        if value > 0 and draft_graph:
+            raise ValueError(
+                f"{name} sizes each tree anew, and draft_graph replays one tree shape: set {name}=0 or "
+                "draft_graph=False."
+            )
     if lookup_tokens and do_sample:
         raise ValueError(
             "lookup_tokens works with greedy decoding only (its tokens are not samples of the draft): "
@@ -1357,6 +1374,7 @@ def _run(
         total_tokens=total_tokens,
         lookup_tokens=lookup_tokens,
         min_node_prob=float(min_node_prob),
+        grow_min_prob=float(grow_min_prob),
         do_sample=do_sample,
         processors=processors,
         eos_ids=eos_ids,
@@ -1405,6 +1423,7 @@ def _generate(
     generator: torch.Generator | None = None,
     draft_graph: bool | None = None,
     min_node_prob: float | None = None,
+    grow_min_prob: float | None = None,
 ) -> TreeDecodingOutput:
     """EAGLE tree decoding of ``target`` with ``draft``; equal to ``target.generate`` in distribution (token
     for token when greedy, up to floating-point ties).
@@ -1430,6 +1449,10 @@ def _generate(
         min_node_prob: keep only the tree nodes whose cumulative draft probability reaches it (at least one, at
             most ``total_tokens``); 0 = always ``total_tokens``. ``None`` = ``TREE_DEFAULTS`` for the device (0 with
             ``draft_graph``, which replays one tree shape).
+        grow_min_prob: draft a further tree level (up to ``depth``) only while some node of the frontier has a
+            cumulative draft probability of at least this: deep trees where the draft is sure, shallow ones where
+            it is not. 0 = always ``depth`` levels. ``None`` = ``TREE_DEFAULTS`` for the device (0 with
+            ``draft_graph``).
 
     Returns ``TreeDecodingOutput(sequences (b, L + new), stats)``; rows that stopped are right-padded.
     """
@@ -1477,6 +1500,7 @@ def _generate(
         lookup_tokens=lookup_tokens,
         draft_graph=draft_graph,
         min_node_prob=min_node_prob,
+        grow_min_prob=grow_min_prob,
     )
 
 
@@ -1496,6 +1520,7 @@ def tree_generate(
     generator: torch.Generator | None = None,
     draft_graph: bool | None = None,
     min_node_prob: float | None = None,
+    grow_min_prob: float | None = None,
     **model_kwargs,
 ):
     """``target.generate(ids, custom_generate=tree_generate, draft=draft, ...)``.
@@ -1536,6 +1561,7 @@ def tree_generate(
         lookup_tokens=lookup_tokens,
         draft_graph=draft_graph,
         min_node_prob=min_node_prob,
+        grow_min_prob=grow_min_prob,
     )
     return out if generation_config.return_dict_in_generate else out.sequences
 
@@ -1618,7 +1644,8 @@ def generate(*args, **kwargs):
         generate(target, draft, input_ids, attention_mask=None, max_new_tokens=256, do_sample=False,
                  temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, stop_strings=None, tokenizer=None,
                  streamer=None, depth=None, tree_top_k=None, total_tokens=None, lookup_tokens=None, on_step=None,
-                 generator=None, draft_graph=None, min_node_prob=None)
+                 generator=None, draft_graph=None, min_node_prob=None,
+                 grow_min_prob=None)
         -> TreeDecodingOutput(sequences, stats)
 
     Also the entry point of ``custom_generate/generate.py``: transformers calls it as
