@@ -3,6 +3,7 @@ of a set of openers, answered greedily by the same target.
 
     python results/smollm2-135m-instruct/data/make_steered.py --seed 7 [--dtype bfloat16]   # stage 8 (session 12)
     python results/smollm2-135m-instruct/data/make_steered.py --seed 8                      # stage 9 (session 13)
+    python results/smollm2-135m-instruct/data/make_steered.py --seed 9                      # stage 10 (session 14)
 
 Writes ``synthesized_prompts_steered_seed{N}.jsonl`` and ``regenerated_steered_seed{N}.jsonl`` next to this file.
 Resumable: the prompts and the answers are appended batch by batch, a rerun skips what is there. Sessions 12-13 ran
@@ -40,6 +41,15 @@ OPENERS = {
         "Evaluate the argument that", "Write a recursive function", "Optimize this", "Write a regular expression",
         "Identify the named entities in", "Return a JSON object", "What were the causes of", "Discuss the impact of",
         "How did", "Give me advice on", "Rank the following"],
+    # seed 9 (session 14): coding, STEM and writing, where stage 8 accepts least on all 80 MT-bench first turns in
+    # bf16 (coding 2.88, STEM 2.93, writing 2.95, math 3.09)
+    9: ["", "Write a JavaScript function", "Implement a class", "Write a program that", "Fix the bug in",
+        "Explain what this code does", "Write a function to find", "What is the difference between a", "Explain how",
+        "What happens when", "Why is the sky", "How do scientists", "Describe the structure of", "In physics,",
+        "Write a short story about", "Write an email to", "Write a blog post about", "Draft a", "Rewrite the following",
+        "Compose a", "Edit this paragraph", "A rectangle has", "Find the", "If x", "What is the sum of",
+        "Suppose that", "Imagine you are", "Give an example of", "List five", "Compare and contrast",
+        "What are the main", "Summarize"],
 }
 
 

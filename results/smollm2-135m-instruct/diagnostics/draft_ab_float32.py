@@ -6,7 +6,11 @@ acceptance on a bf16 bench compares different answers; this one does not. Speed 
 
     python results/smollm2-135m-instruct/diagnostics/draft_ab_float32.py NEW_DRAFT OLD_DRAFT --bench-dir ../shared/benchmarks --out DIR
 
-Tree settings: the CPU bf16 default (depth 3, top-k 8, 6 nodes, lookup 20, min_node_prob 0). Writes ab.json and ab.md.
+Tree settings: the CPU bf16 default of session 13 (depth 3, top-k 8, 6 nodes, lookup 20, min_node_prob 0,
+grow_min_prob 0). ``--arm NAME=DRAFT[:key=value,...]`` (repeatable) adds a further arm: a draft with other tree settings
+(for example ``--arm deep=NEW_DRAFT:depth=6,grow_min_prob=0.4`` compares tree shapes on the same text: the output is
+plain greedy's whatever the tree). Writes ab.json and ab.md (acceptance per category; draft forwards and float32 ms
+per target forward).
 """
 
 from __future__ import annotations
@@ -23,7 +27,20 @@ from eagle3_hub import Eagle3DraftModel, generate
 from eagle3_hub.benchmark.suites import load_suite
 from eagle3_hub.targets import load_target
 
-TREE = dict(depth=3, tree_top_k=8, total_tokens=6, lookup_tokens=20, min_node_prob=0.0)
+TREE = dict(depth=3, tree_top_k=8, total_tokens=6, lookup_tokens=20, min_node_prob=0.0, grow_min_prob=0.0)
+
+
+def parse_arm(text: str) -> tuple[str, str, dict]:
+    """``NAME=DRAFT[:key=value,...]`` -> (name, draft path, tree settings)."""
+    name, _, rest = text.partition("=")
+    path, _, settings = rest.partition(":")
+    tree = dict(TREE)
+    for item in filter(None, settings.split(",")):
+        key, _, value = item.partition("=")
+        if key not in TREE:
+            raise SystemExit(f"--arm {text}: unknown tree setting {key!r} (one of {', '.join(TREE)})")
+        tree[key] = type(TREE[key])(float(value)) if isinstance(TREE[key], int) else float(value)
+    return name, path, tree
 
 
 def main():
@@ -34,11 +51,14 @@ def main():
     ap.add_argument("--per-category", type=int, default=5)
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--arm", action="append", default=[], help="NAME=DRAFT[:key=value,...] (repeatable)")
     args = ap.parse_args()
+    arms = [("new", args.new, dict(TREE)), ("old", args.old, dict(TREE))] + [parse_arm(a) for a in args.arm]
     torch.set_num_threads(2)
     target, tok = load_target(None, dtype=torch.float32)
-    drafts = {name: Eagle3DraftModel.from_pretrained(path, target=target).float()
-              for name, path in (("new", args.new), ("old", args.old))}
+    loaded = {path: Eagle3DraftModel.from_pretrained(path, target=target).float() for _, path, _ in arms}
+    drafts = {name: loaded[path] for name, path, _ in arms}
+    trees = {name: tree for name, _, tree in arms}
     (suite,) = load_suite("mt_bench", args.bench_dir)
     taken = collections.Counter()
     questions = []
@@ -53,28 +73,42 @@ def main():
         row = {"question_id": q.question_id, "category": q.category}
         outs = {}
         for name, draft in drafts.items():
-            out = generate(target, draft, ids, max_new_tokens=args.max_new_tokens, tokenizer=tok, **TREE)
+            out = generate(target, draft, ids, max_new_tokens=args.max_new_tokens, tokenizer=tok, **trees[name])
             outs[name] = out.sequences[0, ids.shape[1]:].tolist()
-            row[name] = {"new_tokens": out.stats.new_tokens, "target_forwards": out.stats.target_forwards}
-        row["same_text"] = outs["new"] == outs["old"]
+            st = out.stats
+            row[name] = {"new_tokens": st.new_tokens, "target_forwards": st.target_forwards,
+                         "draft_forwards": st.draft_forwards, "steps": st.steps, "time_s": st.total_time_s}
+        row["same_text"] = all(o == outs["old"] for o in outs.values())
         rows.append(row)
     by = collections.defaultdict(lambda: collections.Counter())
     for r in rows:
         for key in ("all", r["category"]):
             for name in drafts:
-                by[key][name + "_tok"] += r[name]["new_tokens"]
-                by[key][name + "_fwd"] += r[name]["target_forwards"]
-    table = {k: {name: v[name + "_tok"] / v[name + "_fwd"] for name in drafts} for k, v in by.items()}
+                for field in ("new_tokens", "target_forwards", "draft_forwards", "steps", "time_s"):
+                    by[key][name, field] += r[name][field]
+    table = {k: {name: v[name, "new_tokens"] / v[name, "target_forwards"] for name in drafts} for k, v in by.items()}
+    cost = {name: {"draft_forwards_per_step": by["all"][name, "draft_forwards"] / max(by["all"][name, "steps"], 1),
+                   "ms_per_target_forward": 1e3 * by["all"][name, "time_s"] / by["all"][name, "target_forwards"]}
+            for name in drafts}
     same = sum(r["same_text"] for r in rows)
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ab.json").write_text(json.dumps({"new": args.new, "old": args.old, "tree": TREE, "rows": rows,
-                                                 "acceptance": table, "same_text": same}, indent=1))
+    (out_dir / "ab.json").write_text(json.dumps({"arms": {n: {"draft": p, "tree": t} for n, p, t in arms},
+                                                 "new": args.new, "old": args.old, "tree": TREE, "rows": rows,
+                                                 "acceptance": table, "cost": cost, "same_text": same}, indent=1))
+    names = list(drafts)
     lines = [f"Mean acceptance length, tree decoding in float32, MT-bench first turns ({len(rows)} questions, "
-             f"{args.per_category} per category); identical output for both drafts in {same} of {len(rows)} turns.",
-             "", "| | new | old | new - old |", "|---|---|---|---|"]
+             f"{args.per_category} per category); identical output in every arm in {same} of {len(rows)} turns.", ""]
+    for n, p, t in arms:
+        lines.append(f"- {n}: `{p}`, " + ", ".join(f"{k}={v}" for k, v in t.items()))
+    lines += ["", "| | " + " | ".join(names) + " | " + " | ".join(f"{n} - old" for n in names if n != "old") + " |",
+              "|---|" + "---|" * (2 * len(names) - 1)]
     for k in ["all"] + sorted(k for k in table if k != "all"):
-        lines.append(f"| {k} | {table[k]['new']:.2f} | {table[k]['old']:.2f} | {table[k]['new'] - table[k]['old']:+.2f} |")
+        lines.append(f"| {k} | " + " | ".join(f"{table[k][n]:.2f}" for n in names) + " | "
+                     + " | ".join(f"{table[k][n] - table[k]['old']:+.2f}" for n in names if n != "old") + " |")
+    lines += ["", "| | " + " | ".join(names) + " |", "|---|" + "---|" * len(names),
+              "| draft forwards per step | " + " | ".join(f"{cost[n]['draft_forwards_per_step']:.2f}" for n in names) + " |",
+              "| float32 ms per target forward | " + " | ".join(f"{cost[n]['ms_per_target_forward']:.1f}" for n in names) + " |"]
     (out_dir / "ab.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
