@@ -367,6 +367,14 @@ def test_tree_grid_and_sweep_summary():
     assert grid == [{"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.0},
                     {"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.3}]
     assert bench.tree_label(grid[1]) == "tree[depth=6,min_node_prob=0.0,grow_min_prob=0.3]"
+    # --trees: the settings as listed (no product), checked
+    args = _parse(["--trees", "depth=3; depth=8,grow_min_prob=0.3,total_tokens=6 ;", "--depth", "5,7"])
+    assert bench.tree_grid_from_args(args) == [{"depth": 3}, {"depth": 8, "grow_min_prob": 0.3, "total_tokens": 6}]
+    for bad, message in (("depth=3;width=2", "'width=2' is not key=value with a key among depth"),
+                         ("depth=three", "depth takes an integer, got 'three'"), (" ; ", "at least one tree setting"),
+                         ("depth=1,tree_top_k=2,total_tokens=9", "No tree shape in the sweep is valid")):
+        with pytest.raises(SystemExit, match=message):
+            bench.tree_grid_from_args(_parse(["--trees", bad]))
 
 
 # ----------------------------------------------------------------------------------------- the real target

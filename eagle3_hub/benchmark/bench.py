@@ -732,7 +732,47 @@ def _number_list(text: str | None, kind: type = int) -> list[int | float | None]
     return [kind(x) for x in str(text).split(",") if x.strip()]
 
 
+_TREE_KEY_TYPES = {"depth": int, "tree_top_k": int, "total_tokens": int, "lookup_tokens": int,
+                   "min_node_prob": float, "grow_min_prob": float}
+
+
+def tree_settings(text: str) -> list[dict]:
+    """``--trees``: settings separated by ``;``, each ``key=value,...`` over ``TREE_KEYS`` (unset keys: the device
+    default), e.g. ``"depth=3;depth=8,grow_min_prob=0.3"``."""
+    out = []
+    for item in filter(None, (part.strip() for part in text.split(";"))):
+        setting = {}
+        for pair in filter(None, (p.strip() for p in item.split(","))):
+            key, eq, value = pair.partition("=")
+            key = key.strip().replace("-", "_")
+            if not eq or key not in _TREE_KEY_TYPES:
+                raise SystemExit(f"--trees: {pair!r} is not key=value with a key among {', '.join(TREE_KEYS)}")
+            try:
+                setting[key] = _TREE_KEY_TYPES[key](value.strip())
+            except ValueError:
+                raise SystemExit(f"--trees: {key} takes a{'n integer' if _TREE_KEY_TYPES[key] is int else ' number'}, "
+                                 f"got {value.strip()!r}") from None
+        out.append(setting)
+    if not out:
+        raise SystemExit("--trees: give at least one tree setting, e.g. --trees 'depth=3;depth=8,grow_min_prob=0.3'")
+    return out
+
+
 def tree_grid_from_args(args) -> list[dict]:
+    """The tree settings to run: ``--trees`` as listed, else every combination of the per-key lists."""
+    if getattr(args, "trees", None):
+        grid = tree_settings(args.trees)
+    else:
+        grid = _product_grid(args)
+    # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
+    fits = [g for g in grid if not {"depth", "tree_top_k", "total_tokens"} <= g.keys()
+            or g["total_tokens"] <= g["tree_top_k"] + (g["depth"] - 1) * g["tree_top_k"] ** 2]
+    if grid and not fits:
+        raise SystemExit("No tree shape in the sweep is valid: total_tokens must be <= top_k + (depth - 1) * top_k**2.")
+    return fits
+
+
+def _product_grid(args) -> list[dict]:
     grid = [
         dict(zip(TREE_KEYS, values))
         for values in itertools.product(_number_list(args.depth), _number_list(args.tree_top_k), _number_list(args.total_tokens),
@@ -740,13 +780,7 @@ def tree_grid_from_args(args) -> list[dict]:
                                         _number_list(getattr(args, "min_node_prob", None), float),
                                         _number_list(getattr(args, "grow_min_prob", None), float))
     ]
-    grid = [{k: v for k, v in g.items() if v is not None} for g in grid]
-    # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
-    fits = [g for g in grid if not {"depth", "tree_top_k", "total_tokens"} <= g.keys()
-            or g["total_tokens"] <= g["tree_top_k"] + (g["depth"] - 1) * g["tree_top_k"] ** 2]
-    if grid and not fits:
-        raise SystemExit("No tree shape in the sweep is valid: total_tokens must be <= top_k + (depth - 1) * top_k**2.")
-    return fits
+    return [{k: v for k, v in g.items() if v is not None} for g in grid]
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -781,6 +815,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--grow-min-prob", default=None,
                    help="draft a further tree level (up to --depth) only while a frontier node's cumulative draft probability "
                         "reaches this; 0 = always --depth levels (list with --sweep)")
+    g.add_argument("--trees", default=None,
+                   help="tree settings to compare in one run, ';'-separated, each key=value,... over "
+                        f"{', '.join(TREE_KEYS)} (e.g. 'depth=3;depth=8,grow_min_prob=0.3'); replaces the per-key lists")
     g.add_argument("--sweep", action="store_true", help="try every combination of --depth/--tree-top-k/--total-tokens and report the best for this device")
     g = parser.add_argument_group("output")
     g.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and bench.png")
@@ -864,7 +901,9 @@ def run(args) -> int:
         methods.append("assistant")
     if "assistant" in methods and not args.assistant_model:
         raise SystemExit("Method 'assistant' runs a small model as a classic assistant: pass --assistant-model ID_OR_FOLDER.")
-    if args.sweep:
+    if args.trees and "tree" not in methods:
+        methods.append("tree")
+    if args.sweep and not args.trees:
         if "tree" not in methods:
             methods.append("tree")
         for key, default in SWEEP_DEFAULTS.items():
