@@ -347,6 +347,21 @@ def test_grow_min_prob_drafts_deep_where_the_draft_is_sure_and_stays_lossless(ar
         assert torch.equal(out.sequences[i, 12:], plain_greedy(target, p[None], 40)[0, len(p) :]), f"row {i}"
 
 
+def test_levels_no_node_of_the_tree_could_reach_are_not_drafted():
+    """A node at depth d needs its d - 1 ancestors in the tree, so a tree of total_tokens nodes never uses a level past
+    total_tokens: depth 6 with 3 nodes drafts what depth 3 does, with the same draft forwards and the same output."""
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    ids = prompt(seed=5)
+    shape = dict(tree_top_k=3, total_tokens=3, lookup_tokens=0, min_node_prob=0.0, grow_min_prob=0.0)
+    capped = generate(target, draft, ids, max_new_tokens=40, eos_token_id=[], depth=6, **shape)
+    shallow = generate(target, draft, ids, max_new_tokens=40, eos_token_id=[], depth=3, **shape)
+    assert torch.equal(capped.sequences, plain_greedy(target, ids, 40))
+    assert torch.equal(capped.sequences, shallow.sequences)
+    assert capped.stats.draft_forwards == shallow.stats.draft_forwards
+    assert capped.stats.accepted_per_step == shallow.stats.accepted_per_step
+
+
 def test_prompt_lookup_proposes_what_followed_the_latest_longest_suffix():
     tokens = [0, 0, 5, 6, 7, 8, 5, 6, 9, 1, 5, 6]  # two left-padding slots
     look = _PromptLookup(tokens, start=2, share=COPY_ALL)

@@ -123,10 +123,21 @@ except ImportError:
 # nearly flat there (SmolLM2-135M, 200-token cache, AMD EPYC with AVX512-BF16: 1 token 38 ms, 8: 42, 16: 49; float32
 # 57 / 83 / 89), so pruning unlikely nodes saves little and wide first levels pay: 3/8/6 without pruning was first or
 # second in sweeps on 6 and 10 MT-bench first turns (2.28x / 2.44x plain bf16; results/smollm2-135m-instruct/sweep_bf16/).
+# grow_min_prob: a further level only while a frontier node's cumulative draft probability reaches it (min_node_prob
+# also stops the levels, where no deeper node could pass it). CPU bf16: depth up to 8 with 0.3 drafts 1.8 forwards a
+# step instead of 3 (it mostly cuts levels where the draft is unsure): on all 80 MT-bench first turns in one run,
+# stage-9 draft, 2.45x plain against 2.34x for 3/8/6 without it (acceptance 3.19 against 3.28;
+# results/smollm2-135m-instruct/bench_mt_first_turns_80_stage9/, sweep_grow/). The default caps it at depth 6, the
+# deepest a 6-node tree can use (depth 8 built the same trees, with levels 7-8 drafted for nothing where the draft is
+# sure, as on GSM8K). Not measured on the float32 CPU default (min_node_prob 0.1 stops its levels already) nor on
+# CUDA (0: the draft graph replays one shape).
 TREE_DEFAULTS: dict[str, dict[str, float]] = {
-    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1, "grow_min_prob": 0.0},
-    "cpu-bfloat16": {"depth": 3, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0, "grow_min_prob": 0.0},
-    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0, "grow_min_prob": 0.0},
+    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1,
+            "grow_min_prob": 0.0},
+    "cpu-bfloat16": {"depth": 6, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0,
+                     "grow_min_prob": 0.3},
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0,
+             "grow_min_prob": 0.0},
 }
 # share of lookup_tokens proposed after a match of the text's last 3 / 2 / 1 tokens (rounded, at least 1). On
 # SmolLM2's greedy answers to 10 questions per suite, the copy after a 3-token match holds for 15 tokens on
@@ -176,8 +187,9 @@ _HISTORY_FREE_PROCESSORS = tuple(
 
 
 def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None) -> dict[str, float]:
-    """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` / ``min_node_prob`` / ``grow_min_prob`` for a device and the
-    target's dtype (``TREE_DEFAULTS``: a CPU's differ in bfloat16; CUDA's for other accelerators)."""
+    """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` / ``min_node_prob`` / ``grow_min_prob``
+    for a device and the target's dtype (``TREE_DEFAULTS``: a CPU's differ in bfloat16; CUDA's for other
+    accelerators)."""
     kind = torch.device(device).type
     if kind == "cpu" and dtype == torch.bfloat16:
         kind = "cpu-bfloat16"
@@ -521,7 +533,9 @@ def _check_tree_parameters(
     if isinstance(min_node_prob, bool) or not isinstance(min_node_prob, (int, float)) or not 0 <= min_node_prob < 1:
         raise ValueError(f"min_node_prob must be a probability in [0, 1) (0: always total_tokens nodes), got {min_node_prob!r}")
     if isinstance(grow_min_prob, bool) or not isinstance(grow_min_prob, (int, float)) or not 0 <= grow_min_prob < 1:
-        raise ValueError(f"grow_min_prob must be a probability in [0, 1) (0: always `depth` levels), got {grow_min_prob!r}")
+        raise ValueError(
+            f"grow_min_prob must be a probability in [0, 1) (0: always `depth` levels), got {grow_min_prob!r}"
+        )
     if top_k > draft_vocab:
         raise ValueError(f"tree_top_k={top_k} exceeds the draft vocabulary ({draft_vocab} tokens)")
     pool = top_k + (depth - 1) * top_k * top_k
@@ -1074,6 +1088,9 @@ class _TreeDecoder:
         token = draft_ids + self.d2t[draft_ids]
         if self.levels is not None:  # fixed shapes (a CUDA graph on CUDA)
             return self.levels(self, depth, score, token, hidden[:, -1:])
+        # a node at depth d comes with its d - 1 ancestors, so no node past depth total_tokens can be selected: those
+        # levels are not drafted (the same tree)
+        depth = min(depth, self.total_tokens)
         tree = self._grow(depth, score, token, hidden[:, -1:], self.d_valid[:, None, :], self.dcache, self.next_pos)
         self.dcache.rollback()  # the tree's draft slots are not context
         return tree
