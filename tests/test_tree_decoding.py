@@ -906,18 +906,13 @@ def test_clear_errors():
     with pytest.raises(ValueError, match="lookup_tokens works with greedy decoding only"):
         generate(target, draft, ids, max_new_tokens=4, do_sample=True, lookup_tokens=4)
     assert generate(target, draft, ids, max_new_tokens=4, do_sample=True).stats.tree["lookup_tokens"] == 0
-    for bad in (-0.1, 1.0, True, "0.1"):
-        with pytest.raises(ValueError, match="min_node_prob must be a probability in"):
-            generate(target, draft, ids, max_new_tokens=4, min_node_prob=bad)
-    with pytest.raises(ValueError, match="set min_node_prob=0 or draft_graph=False"):
-        generate(target, draft, ids, max_new_tokens=4, min_node_prob=0.1, draft_graph=True)
-    assert generate(target, draft, ids, max_new_tokens=4, draft_graph=True).stats.tree["min_node_prob"] == 0.0
-    for bad in (-0.1, 1.0, False, "0.2"):
-        with pytest.raises(ValueError, match="grow_min_prob must be a probability in"):
-            generate(target, draft, ids, max_new_tokens=4, grow_min_prob=bad)
-    with pytest.raises(ValueError, match="set grow_min_prob=0 or draft_graph=False"):
-        generate(target, draft, ids, max_new_tokens=4, grow_min_prob=0.2, draft_graph=True)
-    assert generate(target, draft, ids, max_new_tokens=4, draft_graph=True).stats.tree["grow_min_prob"] == 0.0
+    for name in ("min_node_prob", "grow_min_prob"):  # the two thresholds: probabilities, and not with draft_graph
+        for bad in (-0.1, 1.0, True, "0.1"):
+            with pytest.raises(ValueError, match=f"{name} must be a probability in"):
+                generate(target, draft, ids, max_new_tokens=4, **{name: bad})
+        with pytest.raises(ValueError, match=f"set {name}=0 or draft_graph=False"):
+            generate(target, draft, ids, max_new_tokens=4, draft_graph=True, **{name: 0.1})
+        assert generate(target, draft, ids, max_new_tokens=4, draft_graph=True).stats.tree[name] == 0.0
 
 
 def test_attention_kernels_leave_out_cudnn_on_cuda_only():
