@@ -316,9 +316,10 @@ def _usage_section(repo: str, target: str, config: dict, tree_params: dict | Non
         "```",
         "",
     ]
-    steps = depth or 3
-    if tree.get("grow_min_prob"):  # engines draft every level: a growing tree's depth is its cap, not what it drafts
-        steps = min(steps, 3)
+    # engines draft every level: a tree grown by grow_min_prob has its depth as a cap, not as what it drafts
+    steps, sglang_steps = depth or 3, depth or 5
+    if tree.get("grow_min_prob"):
+        steps = sglang_steps = min(steps, 3)
     out += [
         "### vLLM",
         "",
@@ -333,7 +334,7 @@ def _usage_section(repo: str, target: str, config: dict, tree_params: dict | Non
         "```bash",
         f"python -m sglang.launch_server --model-path {target} \\",
         f"  --speculative-algorithm EAGLE3 --speculative-draft-model-path {engine_repo} \\",
-        f"  --speculative-num-steps {steps if tree.get('grow_min_prob') else depth or 5} --speculative-eagle-topk {topk or 8} "
+        f"  --speculative-num-steps {sglang_steps} --speculative-eagle-topk {topk or 8} "
         f"--speculative-num-draft-tokens {total or 32}",
         "```",
         "",

@@ -337,7 +337,9 @@ def build_methods(
     return methods
 
 
-TREE_KEYS = ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob")
+TREE_KEY_TYPES = {"depth": int, "tree_top_k": int, "total_tokens": int, "lookup_tokens": int,
+                  "min_node_prob": float, "grow_min_prob": float}
+TREE_KEYS = tuple(TREE_KEY_TYPES)
 
 
 def tree_label(params: dict) -> str:
@@ -732,10 +734,6 @@ def _number_list(text: str | None, kind: type = int) -> list[int | float | None]
     return [kind(x) for x in str(text).split(",") if x.strip()]
 
 
-_TREE_KEY_TYPES = {"depth": int, "tree_top_k": int, "total_tokens": int, "lookup_tokens": int,
-                   "min_node_prob": float, "grow_min_prob": float}
-
-
 def tree_settings(text: str) -> list[dict]:
     """``--trees``: settings separated by ``;``, each ``key=value,...`` over ``TREE_KEYS`` (unset keys: the device
     default), e.g. ``"depth=3;depth=8,grow_min_prob=0.3"``."""
@@ -745,12 +743,12 @@ def tree_settings(text: str) -> list[dict]:
         for pair in filter(None, (p.strip() for p in item.split(","))):
             key, eq, value = pair.partition("=")
             key = key.strip().replace("-", "_")
-            if not eq or key not in _TREE_KEY_TYPES:
+            if not eq or key not in TREE_KEY_TYPES:
                 raise SystemExit(f"--trees: {pair!r} is not key=value with a key among {', '.join(TREE_KEYS)}")
             try:
-                setting[key] = _TREE_KEY_TYPES[key](value.strip())
+                setting[key] = TREE_KEY_TYPES[key](value.strip())
             except ValueError:
-                raise SystemExit(f"--trees: {key} takes a{'n integer' if _TREE_KEY_TYPES[key] is int else ' number'}, "
+                raise SystemExit(f"--trees: {key} takes a{'n integer' if TREE_KEY_TYPES[key] is int else ' number'}, "
                                  f"got {value.strip()!r}") from None
         out.append(setting)
     if not out:
