@@ -217,8 +217,9 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
         out += [f"In {bench['machine'].get('dtype')}, verifying several tokens at once rounds differently from one-token "
                 "decoding, so outputs can part from plain greedy at a near-tie. Every greedy output of this run, plain's "
                 "included, was scored by a float32 copy of the target: *yes, up to near-ties* means each emitted token "
-                "was within rounding of the float32 target's best (the largest gaps are given). In float32 the outputs "
-                "are token for token plain greedy's.", ""]
+                "was within rounding of the float32 target's best, or of the target's own best in its dtype on the same "
+                "text (the largest float32 gaps are given). In float32 the outputs are token for token plain "
+                "greedy's.", ""]
     if chart:
         out += [f"![Speed-up and acceptance by draft position]({chart})", ""]
     out += ["Speed-ups depend on the hardware, the dtype and the prompts; measure yours with "

@@ -84,12 +84,29 @@ def test_a_wrong_token_is_caught_and_bf16_greedy_is_not():
     tree = check["tree"]
     assert not tree["within_tolerance"] and tree["over_tolerance"] >= 1
     assert tree["worst"]["token"] == 10 and tree["worst"]["gap"] > 10 * tree["worst"]["tolerance"]
+    # the bf16 target itself, on the same text, ranks the swapped token far below its best too
+    assert tree["worst"]["own_gap"] > 10 * tree["worst"]["own_tolerance"]
+    assert tree["float32_over_tolerance"] >= tree["over_tolerance"] and tree["own_max_gap"] >= tree["worst"]["own_gap"]
 
     lossless = bench.lossless_check([_record("plain", prompt, out), _record("tree", prompt, wrong)], make_tokenizer(),
                                     near_ties=check)
     assert not lossless["tree"]["lossless"]
     assert lossless["tree"]["near_ties"] is check["tree"] and lossless["tree"]["plain_near_ties"] is check["plain"]
     assert report.lossless_text(lossless["tree"]) == "NO (1 of 1 turns differ)"
+
+
+def test_a_token_is_flagged_only_when_neither_precision_calls_it_a_near_tie():
+    """The case of session 15 (SmolLM2-135M, bf16, a growing tree; diagnostics/grow_near_tie_probe.txt): float32 puts
+    the emitted token 0.80 below its best (tolerance 0.5 at 29.57), a bf16 prefill of the same text 0.375 (tolerance
+    0.5): a bf16 near-tie, not flagged. A token far below the best in both is; one over the bf16 tolerance alone is not."""
+    gaps, best = torch.tensor([0.7964, 6.0, 0.1]), torch.tensor([29.5692, 29.5692, 29.5692])
+    own_gaps, own_best = torch.tensor([0.375, 6.125, 0.75]), torch.tensor([29.5, 29.5, 29.5])
+    tol, own_tol, over32, flagged = near_ties.near_tie_flags(gaps, best, own_gaps, own_best, torch.bfloat16)
+    assert tol.tolist() == own_tol.tolist() == [0.5, 0.5, 0.5]  # 4 steps of 0.125 between 16 and 32
+    assert over32.tolist() == [True, True, False]
+    assert flagged.tolist() == [False, True, False]
+    assert near_ties.near_tie_flags(gaps, best, own_gaps, own_best, torch.bfloat16, steps=2.0)[3].tolist() == [
+        True, True, False]  # at 2 steps (0.25) the first is over both
 
 
 def test_a_near_tie_divergence_is_lossless_and_says_so(capsys):

@@ -206,9 +206,11 @@ def print_report(results: dict, paths: dict | None = None, file=None):
         if near:
             w = near["worst"] or {}
             banner += (
-                f" {near['over_tolerance']} of {near['tokens']} tokens are not the float32 target's choice up to a "
-                f"near-tie (worst: gap {near['max_gap']:.3f} at suite {w.get('suite')}, question "
-                f"{w.get('question_id')}, turn {w.get('turn')}, token {w.get('token')}; tolerance {w.get('tolerance', 0):.3f})."
+                f" {near['over_tolerance']} of {near['tokens']} tokens are the target's choice up to a near-tie in "
+                f"neither float32 nor its own dtype (largest float32 gap {near['max_gap']:.3f} at suite {w.get('suite')}, "
+                f"question {w.get('question_id')}, turn {w.get('turn')}, token {w.get('token')}; tolerance "
+                f"{w.get('tolerance', 0):.3f}; its gap in the target's dtype {w.get('own_gap', float('nan')):.3f}, "
+                f"tolerance {w.get('own_tolerance', float('nan')):.3f})."
             )
         detail = (
             f"  first: suite {first['suite']}, question {first['question_id']}, turn {first['turn']}, token "

@@ -128,10 +128,10 @@ except ImportError:
 # step instead of 3 (it mostly cuts levels where the draft is unsure): on all 80 MT-bench first turns in one run,
 # stage-9 draft, 2.45x plain against 2.34x for 3/8/6 without it (acceptance 3.19 against 3.28;
 # results/smollm2-135m-instruct/bench_mt_first_turns_80_stage9/, sweep_grow/), but 2.21x against 2.29x on the card's
-# 9 questions (GSM8K 2.81x against 3.12x), and its bf16 outputs had two tokens 0.80 below the float32 argmax where
-# the near-tie tolerance was 0.5 (the README command's 10 turns; depth 3's largest gap on the 80 turns: 0.29). Not a
-# default until that is understood: 0 everywhere (CUDA: the draft graph replays one shape). Levels past total_tokens
-# are never drafted (no node there could be selected).
+# 9 questions (GSM8K 2.81x against 3.12x), and it lowers acceptance: 0 everywhere (CUDA: the draft graph replays one
+# shape). (Its bf16 tokens 0.80 below the float32 argmax on the README command were bf16 ties in the verification:
+# results/smollm2-135m-instruct/diagnostics/grow_near_tie_probe.txt.) Levels past total_tokens are never drafted (no
+# node there could be selected).
 TREE_DEFAULTS: dict[str, dict[str, float]] = {
     "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1,
             "grow_min_prob": 0.0},
