@@ -67,12 +67,16 @@ def argmax_gaps(reference, prompt_ids: list[int], output_ids: list[int]) -> tupl
     return (best - chosen).cpu(), best.cpu()
 
 
+def tolerance(best: torch.Tensor, dtype: torch.dtype, steps: float = TOLERANCE_STEPS) -> torch.Tensor:
+    """Per token, ``steps`` steps of ``dtype`` at the magnitude of its best logit."""
+    return torch.tensor([steps * step_at(float(b), dtype) for b in best.tolist()])
+
+
 def near_tie_flags(gaps: torch.Tensor, best: torch.Tensor, own_gaps: torch.Tensor, own_best: torch.Tensor,
                    dtype: torch.dtype, steps: float = TOLERANCE_STEPS):
     """Per token, from its float32 (gap, best logit) and the reduced-precision target's own: (the float32 tolerance,
     the own tolerance, over the float32 tolerance, flagged = over both tolerances)."""
-    tol = torch.tensor([steps * step_at(float(b), dtype) for b in best.tolist()])
-    own_tol = torch.tensor([steps * step_at(float(b), dtype) for b in own_best.tolist()])
+    tol, own_tol = tolerance(best, dtype, steps), tolerance(own_best, dtype, steps)
     over32 = gaps > tol
     return tol, own_tol, over32, over32 & (own_gaps > own_tol)
 
@@ -123,4 +127,4 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
 
 
 __all__ = ["TOLERANCE_STEPS", "argmax_gaps", "float32_reference", "near_tie_check", "near_tie_flags", "reduced_precision",
-           "step_at"]
+           "step_at", "tolerance"]

@@ -30,7 +30,7 @@ import torch
 
 from eagle3_hub import Eagle3DraftModel, generate
 from eagle3_hub.benchmark.bench import build_prompt
-from eagle3_hub.benchmark.near_ties import TOLERANCE_STEPS, argmax_gaps, step_at
+from eagle3_hub.benchmark.near_ties import argmax_gaps, tolerance
 from eagle3_hub.benchmark.suites import load_suite
 from eagle3_hub.targets import load_target
 
@@ -89,7 +89,7 @@ for turn in range(len(q.turns)):
     out = res.sequences[0, ids.shape[1]:].tolist()
     answers.append(tok.decode(out, skip_special_tokens=True).strip())
     gaps, best = argmax_gaps(t32, prompt, out)
-    tol = torch.tensor([TOLERANCE_STEPS * step_at(float(b), torch.bfloat16) for b in best.tolist()])
+    tol = tolerance(best, torch.bfloat16)
     over = (gaps > tol).nonzero().flatten().tolist()
     print(f"question {q.question_id} turn {turn + 1}: {len(out)} tokens, max gap {float(gaps.max()):.4f}, "
           f"{len(over)} over tolerance", flush=True)
