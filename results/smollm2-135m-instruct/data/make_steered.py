@@ -4,6 +4,7 @@ of a set of openers, answered greedily by the same target.
     python results/smollm2-135m-instruct/data/make_steered.py --seed 7 [--dtype bfloat16]   # stage 8 (session 12)
     python results/smollm2-135m-instruct/data/make_steered.py --seed 8                      # stage 9 (session 13)
     python results/smollm2-135m-instruct/data/make_steered.py --seed 9                      # stage 10 (session 14)
+    python results/smollm2-135m-instruct/data/make_steered.py --seed 10                     # stage 11 (session 16)
 
 Writes ``synthesized_prompts_steered_seed{N}.jsonl`` and ``regenerated_steered_seed{N}.jsonl`` next to this file.
 Resumable: the prompts and the answers are appended batch by batch, a rerun skips what is there. Sessions 12-13 ran
@@ -50,6 +51,16 @@ OPENERS = {
         "Compose a", "Edit this paragraph", "A rectangle has", "Find the", "If x", "What is the sum of",
         "Suppose that", "Imagine you are", "Give an example of", "List five", "Compare and contrast",
         "What are the main", "Summarize"],
+    # seed 10 (session 16): STEM, reasoning, humanities and writing, where stage 10 accepts least on 40 MT-bench first
+    # turns in float32 (STEM 2.98, reasoning 3.04, humanities 3.11, writing 3.11; stage10_vs_stage9_float32/)
+    10: ["", "Explain the concept of", "How does a", "What is the function of", "Describe how energy",
+         "What is the difference between", "In chemistry,", "In biology,", "How would an engineer", "Why do",
+         "If it takes", "A train leaves", "Who is taller if", "What comes next in the sequence", "Is the following",
+         "Think step by step:", "What is the significance of", "How did the", "Analyze the themes of",
+         "What lessons can we learn from", "Explain the philosophy of", "Describe the history of",
+         "Write a persuasive essay", "Write a poem about", "Write a letter to", "Write a product description for",
+         "Write a dialogue between", "Create a", "Help me write", "Brainstorm", "What advice would you give",
+         "Describe a day in the life of"],
 }
 
 
