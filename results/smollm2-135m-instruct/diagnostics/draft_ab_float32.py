@@ -7,7 +7,7 @@ acceptance on a bf16 bench compares different answers; this one does not. Speed 
     python results/smollm2-135m-instruct/diagnostics/draft_ab_float32.py NEW_DRAFT OLD_DRAFT --bench-dir ../shared/benchmarks --out DIR
 
 Tree settings: the CPU bf16 default of session 13 (depth 3, top-k 8, 6 nodes, lookup 20, min_node_prob 0,
-grow_min_prob 0). ``--arm NAME=DRAFT[:key=value,...]`` (repeatable) adds a further arm: a draft with other tree settings
+grow_min_prob 0); ``--tree key=value,...`` changes it for every arm. ``--arm NAME=DRAFT[:key=value,...]`` (repeatable) adds a further arm: a draft with other tree settings
 (for example ``--arm deep=NEW_DRAFT:depth=6,grow_min_prob=0.4`` compares tree shapes on the same text: the output is
 plain greedy's whatever the tree). Writes ab.json and ab.md (acceptance per category; draft forwards and float32 ms
 per target forward).
@@ -30,17 +30,22 @@ from eagle3_hub.targets import load_target
 TREE = dict(depth=3, tree_top_k=8, total_tokens=6, lookup_tokens=20, min_node_prob=0.0, grow_min_prob=0.0)
 
 
-def parse_arm(text: str) -> tuple[str, str, dict]:
-    """``NAME=DRAFT[:key=value,...]`` -> (name, draft path, tree settings)."""
-    name, _, rest = text.partition("=")
-    path, _, settings = rest.partition(":")
-    tree = dict(TREE)
+def parse_tree(settings: str, base: dict, where: str) -> dict:
+    """``key=value,...`` over ``base`` -> tree settings."""
+    tree = dict(base)
     for item in filter(None, settings.split(",")):
         key, _, value = item.partition("=")
         if key not in TREE:
-            raise SystemExit(f"--arm {text}: unknown tree setting {key!r} (one of {', '.join(TREE)})")
+            raise SystemExit(f"{where}: unknown tree setting {key!r} (one of {', '.join(TREE)})")
         tree[key] = type(TREE[key])(float(value)) if isinstance(TREE[key], int) else float(value)
-    return name, path, tree
+    return tree
+
+
+def parse_arm(text: str, base: dict) -> tuple[str, str, dict]:
+    """``NAME=DRAFT[:key=value,...]`` -> (name, draft path, tree settings)."""
+    name, _, rest = text.partition("=")
+    path, _, settings = rest.partition(":")
+    return name, path, parse_tree(settings, base, f"--arm {text}")
 
 
 def main():
@@ -52,8 +57,10 @@ def main():
     ap.add_argument("--max-new-tokens", type=int, default=256)
     ap.add_argument("--out", required=True)
     ap.add_argument("--arm", action="append", default=[], help="NAME=DRAFT[:key=value,...] (repeatable)")
+    ap.add_argument("--tree", default="", help="key=value,... over the default tree, for every arm")
     args = ap.parse_args()
-    arms = [("new", args.new, dict(TREE)), ("old", args.old, dict(TREE))] + [parse_arm(a) for a in args.arm]
+    base = parse_tree(args.tree, TREE, f"--tree {args.tree}")
+    arms = [("new", args.new, base), ("old", args.old, dict(base))] + [parse_arm(a, base) for a in args.arm]
     torch.set_num_threads(2)
     target, tok = load_target(None, dtype=torch.float32)
     loaded = {path: Eagle3DraftModel.from_pretrained(path, target=target).float() for _, path, _ in arms}
@@ -94,7 +101,7 @@ def main():
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "ab.json").write_text(json.dumps({"arms": {n: {"draft": p, "tree": t} for n, p, t in arms},
-                                                 "new": args.new, "old": args.old, "tree": TREE, "rows": rows,
+                                                 "new": args.new, "old": args.old, "tree": base, "rows": rows,
                                                  "acceptance": table, "cost": cost, "same_text": same}, indent=1))
     names = list(drafts)
     lines = [f"Mean acceptance length, tree decoding in float32, MT-bench first turns ({len(rows)} questions, "
