@@ -187,7 +187,8 @@ def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
 def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
     """The oneDNN-packed copy of the target's head gives F.linear's logits (to float32 rounding) for any number of
     rows, 3D and strided input, with a bias; it is packed again when the weight changes in place; it is not used for
-    a hooked or a non-float32 head; and CPU tree decoding computes its verification logits with it, losslessly."""
+    a hooked or a float16 head (bfloat16 where the CPU has bf16 kernels); and CPU tree decoding computes its
+    verification logits and the draft's logits with it, losslessly."""
     torch.manual_seed(0)
     for bias in (False, True):
         head = torch.nn.Linear(64, 300, bias=bias)
@@ -200,7 +201,13 @@ def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
         head.weight.mul_(2)
     x = torch.randn(4, 64)
     torch.testing.assert_close(tree_decoding._packed_head(head)(x), head(x), rtol=1e-5, atol=1e-5)
-    assert tree_decoding._packed_head(torch.nn.Linear(64, 300).to(torch.bfloat16)) is None
+    assert tree_decoding._packed_head(torch.nn.Linear(64, 300).to(torch.float16)) is None
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # a bf16 head: F.linear's numbers to bf16 rounding
+        bf16 = torch.nn.Linear(64, 300, bias=False).to(torch.bfloat16)
+        x = torch.randn(5, 64).bfloat16()
+        got = tree_decoding._packed_head(bf16)(x)
+        assert got.dtype == torch.bfloat16
+        torch.testing.assert_close(got.float(), bf16(x).float(), rtol=2e-2, atol=2e-2)
     hooked = torch.nn.Linear(64, 300)
     hooked.register_forward_hook(lambda m, i, o: o * 2)
     assert tree_decoding._packed_head(hooked) is None
@@ -218,7 +225,8 @@ def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
         mp.setattr(tree_decoding, "_packed_head", counting)
         out = generate(target, copy_draft(target), ids, max_new_tokens=60, eos_token_id=[], **TREE)
     assert torch.equal(out.sequences, plain_greedy(target, ids, 60))
-    assert len(calls) >= out.stats.target_forwards - 1  # every verification after the prefill
+    # every verification after the prefill, and every draft forward
+    assert len(calls) >= out.stats.target_forwards - 1 + out.stats.draft_forwards
 
 
 # ------------------------------------------------------------------------------------ lookup branch

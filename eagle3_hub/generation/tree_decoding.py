@@ -161,6 +161,11 @@ LOGITS_ROWS_MULTIPLE = 4
 # verification 63.5 -> 58.0 ms per step on MT-bench (results/smollm2-135m-instruct/diagnostics/lm_head_kernels.py).
 # It costs a copy of the head while the head lives.
 PACKED_HEAD_ROWS = 8  # the batch size the copy is packed for
+# ...for float32 and bfloat16 heads (the check's relative tolerance: a few roundings of the dtype). In bf16 on the
+# 2-core EPYC with AVX512-BF16, oneDNN's packed kernel gives F.linear's very numbers at half its time: SmolLM2's
+# head over 8 rows 4.96 -> 2.51 ms, a 16,384-row draft head 1.33 -> 0.58 ms
+# (results/smollm2-135m-instruct/diagnostics/bf16_packed_heads.py). The draft's head is packed too (_draft_forward).
+PACKED_HEAD_DTYPES = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # device types on which verifications run through LeanTargetForward (lean_target_forward.py) where it reproduces the
 # target (Llama-family, sdpa, no hooks that may change outputs; checked by a probe): the decoder's ops without
 # transformers' per-layer plumbing and repeat_kv copies. SmolLM2, 9 tokens under a tree mask: 59.0 -> 47.7 ms on the
@@ -415,14 +420,16 @@ class _DraftLevels:
 
 # ----------------------------------------------------------------------------------------------- helpers
 def _packed_head(head) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """``hidden (..., in) -> logits (..., out)`` through a oneDNN-packed copy of a float32 CPU ``nn.Linear``
+    """``hidden (..., in) -> logits (..., out)`` through a oneDNN-packed copy of a float32 or bfloat16 CPU ``nn.Linear``
     (cached while its weight is unchanged), or None where oneDNN is missing or disagrees with ``F.linear`` on random
     rows. The kernels sum in different orders, as ``F.linear`` does itself for different row counts (~1e-6)."""
     if not isinstance(head, torch.nn.Linear) or head._forward_hooks or head._forward_pre_hooks:
         return None
     w = head.weight.detach()
     bias = None if head.bias is None else head.bias.detach()
-    if w.device.type != "cpu" or w.dtype != torch.float32 or not torch.backends.mkldnn.is_available():
+    if w.device.type != "cpu" or w.dtype not in PACKED_HEAD_DTYPES or not torch.backends.mkldnn.is_available():
+        return None
+    if w.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return None
     key = (w.data_ptr(), head.weight._version, None if bias is None else (bias.data_ptr(), head.bias._version))
     hit = _packed_heads.get(head)
@@ -431,12 +438,15 @@ def _packed_head(head) -> Callable[[torch.Tensor], torch.Tensor] | None:
     else:
         try:
             packed = torch.ops.mkldnn._reorder_linear_weight(w, PACKED_HEAD_ROWS)
-            x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0))
+            x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.dtype)
             got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
         except (RuntimeError, AttributeError, NotImplementedError):  # a torch build without these oneDNN ops
             return None
         ref = F.linear(x, w, bias)
-        if got.shape != ref.shape or not torch.allclose(got, ref, rtol=1e-4, atol=1e-5 * float(ref.abs().max())):
+        rtol = PACKED_HEAD_DTYPES[w.dtype]
+        if got.shape != ref.shape or got.dtype != ref.dtype or not torch.allclose(
+            got.float(), ref.float(), rtol=rtol, atol=rtol * 0.1 * float(ref.abs().max())
+        ):
             return None
         _packed_heads[head] = (key, packed)
 
@@ -653,6 +663,9 @@ class _TreeDecoder:
         else:
             self.d_embed = draft.embed_tokens.weight
         self.d2t = draft.d2t.to(self.device)
+        # the draft's logits through a packed copy of its head where oneDNN can (_packed_head): the draft then
+        # computes none itself, and _draft_forward applies its final norm and this head to the kept positions
+        self.d_head = _packed_head(draft.lm_head) if isinstance(getattr(draft, "norm", None), torch.nn.Module) else None
         self.stats = TreeDecodingStats(
             tree={"depth": depth, "top_k": top_k, "total_tokens": total_tokens, "lookup_tokens": lookup_tokens,
                   "min_node_prob": min_node_prob, "grow_min_prob": grow_min_prob}
@@ -735,6 +748,7 @@ class _TreeDecoder:
     ):
         """``allowed``: (b, s, kv) bool, or None for causal attention over the whole draft cache. ``cache``: the
         draft's context cache by default."""
+        own_head = self.d_head is not None
         out = self.draft(
             inputs_embeds=F.embedding(tokens, self.d_embed),
             target_hidden_states=features,
@@ -743,10 +757,14 @@ class _TreeDecoder:
             attention_mask=None if allowed is None else _additive_mask(allowed, self.d_dtype),
             cache=self.dcache if cache is None else cache,
             use_cache=True,
-            logits_to_keep=logits_to_keep,
+            # with the packed head: a (b, s) mask that keeps no position, so the draft computes no logits
+            logits_to_keep=torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device) if own_head else logits_to_keep,
         )
         self.stats.draft_forwards += 1
-        return out.logits, out.hidden_states
+        if not own_head:
+            return out.logits, out.hidden_states
+        kept = out.hidden_states[:, -logits_to_keep:] if logits_to_keep else out.hidden_states
+        return self.d_head(self.draft.norm(kept)), out.hidden_states
 
     def _draft_log_probs(self, logits: torch.Tensor) -> torch.Tensor:
         # strictly negative, so a child always scores below its parent (the selected tree is ancestor-closed)
