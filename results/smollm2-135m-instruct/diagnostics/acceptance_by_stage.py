@@ -38,7 +38,8 @@ SUITES = ["mt_bench", "humaneval", "gsm8k"]
 # the commits that shipped each stage of the current lineage (stage 1 = the first draft trained on target-answered data)
 STAGES = {"stage 1": "b5fc1f1", "stage 2": "13fd6ef", "stage 3": "7490a5e", "stage 4": "11a61d3", "stage 5": "e0d8115",
           "stage 6": "4ee2c51", "stage 7": "3e99268", "stage 8": "34a72c0",
-          "stage 9": "8e6d003", "stage 10": "efcafb5"}
+          "stage 9": "8e6d003", "stage 10": "efcafb5",
+          "stage 11": "5859b07"}
 
 
 def git(*args: str) -> bytes:
