@@ -163,8 +163,9 @@ LOGITS_ROWS_MULTIPLE = 4
 PACKED_HEAD_ROWS = 8  # the batch size the copy is packed for
 # ...for float32 and bfloat16 heads (the check's relative tolerance: a few roundings of the dtype). In bf16 on the
 # 2-core EPYC with AVX512-BF16, oneDNN's packed kernel gives F.linear's very numbers at half its time: SmolLM2's
-# head over 8 rows 4.96 -> 2.51 ms, a 16,384-row draft head 1.33 -> 0.58 ms
-# (results/smollm2-135m-instruct/diagnostics/bf16_packed_heads.py). The draft's head is packed too (_draft_forward).
+# head over 8 rows 4.96 -> 2.51 ms, a 16,384-row draft head 1.33 -> 0.58 ms; bf16 tree decoding end to end on 10
+# MT-bench first turns 35.5 -> 39.7 tok/s, the same tokens (results/smollm2-135m-instruct/diagnostics/
+# bf16_packed_heads.py). The draft's head is packed too (_draft_forward).
 PACKED_HEAD_DTYPES = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # device types on which verifications run through LeanTargetForward (lean_target_forward.py) where it reproduces the
 # target (Llama-family, sdpa, no hooks that may change outputs; checked by a probe): the decoder's ops without
