@@ -87,6 +87,9 @@ def test_a_wrong_token_is_caught_and_bf16_greedy_is_not():
     # the bf16 target itself, on the same text, ranks the swapped token far below its best too
     assert tree["worst"]["own_gap"] > 10 * tree["worst"]["own_tolerance"]
     assert tree["float32_over_tolerance"] >= tree["over_tolerance"] and tree["own_max_gap"] >= tree["worst"]["own_gap"]
+    # the report says where the flagged tokens are: first the swapped one (tokens after it read a changed context)
+    assert len(tree["flagged"]) == tree["over_tolerance"] and check["plain"]["flagged"] == []
+    assert tree["flagged"][0]["token"] == 10 and tree["flagged"][0]["gap"] == tree["worst"]["gap"]
 
     lossless = bench.lossless_check([_record("plain", prompt, out), _record("tree", prompt, wrong)], make_tokenizer(),
                                     near_ties=check)

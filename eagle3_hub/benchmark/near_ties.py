@@ -33,6 +33,7 @@ import torch
 # a token is a near-tie choice when its float32 logit is within this many steps of the reduced dtype (at the
 # magnitude of the best logit) of the best one
 TOLERANCE_STEPS = 4.0
+MAX_FLAGGED = 20  # flagged tokens listed per method in the report
 MANTISSA_BITS = {torch.bfloat16: 7, torch.float16: 10}
 
 
@@ -87,7 +88,8 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
     ``dtype`` at the best logit), and ``over_tolerance``: those of them that the target itself (``dtype``, teacher-
     forced on the same text) also ranks more than ``steps`` of its own steps below its best (a near-tie in neither
     precision); ``own_max_gap``: the largest gap under the target itself; ``by_suite``: tokens, largest gap and
-    tokens over the tolerance per suite."""
+    tokens over the tolerance per suite; ``flagged``: where the first ``MAX_FLAGGED`` of those tokens are (question,
+    turn, token index, both gaps and tolerances), so that a failure can be traced without running again."""
     reference = float32_reference(target)
     report: dict[str, dict] = {}
     try:
@@ -100,7 +102,7 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
             e = report.setdefault(
                 r.method,
                 {"turns": 0, "tokens": 0, "argmax": 0, "max_gap": 0.0, "own_max_gap": 0.0, "float32_over_tolerance": 0,
-                 "over_tolerance": 0, "worst": None, "by_suite": {}},
+                 "over_tolerance": 0, "worst": None, "by_suite": {}, "flagged": []},
             )
             per_suite = e["by_suite"].setdefault(r.suite, {"tokens": 0, "max_gap": 0.0, "over_tolerance": 0})
             e["turns"] += 1
@@ -113,6 +115,10 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
             e["float32_over_tolerance"] += int(over32.sum())
             e["own_max_gap"] = max(e["own_max_gap"], float(own_gaps.max()) if len(own_gaps) else 0.0)
             e["argmax"] += int((gaps == 0).sum())
+            for i in flagged.nonzero().flatten().tolist()[: MAX_FLAGGED - len(e["flagged"])]:
+                e["flagged"].append({"suite": r.suite, "question_id": r.question_id, "turn": r.turn, "token": i,
+                                     "gap": float(gaps[i]), "tolerance": float(tol[i]), "own_gap": float(own_gaps[i]),
+                                     "own_tolerance": float(own_tol[i])})
             if len(gaps) and (e["worst"] is None or largest > e["worst"]["gap"]):
                 i = int(gaps.argmax())
                 e["worst"] = {"suite": r.suite, "question_id": r.question_id, "turn": r.turn, "token": i,
