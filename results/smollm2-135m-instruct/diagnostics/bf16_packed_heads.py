@@ -12,24 +12,13 @@ question so that a drift of the machine's speed hits both; the outputs must be t
 
 import argparse
 import json
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from lm_head_kernels import median_ms  # this folder's float32 head timings: the same timer
 
 torch.set_num_threads(2)
-
-
-def median_ms(fn, reps: int = 30) -> float:
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return 1000 * sorted(times)[reps // 2]
 
 
 def end_to_end(bench_dir: Path, questions: int) -> dict:
@@ -84,8 +73,8 @@ def main():
                 x = torch.randn(m, 576).bfloat16()
                 got = torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
                 rows[m] = {
-                    "linear": median_ms(lambda: F.linear(x, w)),
-                    "onednn_packed": median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")),
+                    "linear": median_ms(lambda: F.linear(x, w), reps=30),
+                    "onednn_packed": median_ms(lambda: torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], ""), reps=30),
                     "equal": bool(torch.equal(got, F.linear(x, w))),
                 }
                 print(f"{vocab:6d} x 576, {m:2d} rows: linear {rows[m]['linear']:.2f} ms  packed "
