@@ -183,6 +183,45 @@ def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
     assert any(r < 9 for r in verify)  # a subset of the slots, not all of them
 
 
+def test_prefill_trusts_the_head_once_it_gave_the_models_logits():
+    """The first run on a target checks at its prefill that the head alone gives the model's logits; later runs on it
+    ask the model for none (transformers would hand its head a strided (b, 1, H) slice, a slow bmm path on CPU) and
+    compute the last slot's themselves, losslessly. A target whose forward changes its logits is never trusted, and
+    a new head weight is checked again."""
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    rows = []
+    hook = target.get_output_embeddings().register_forward_hook(lambda m, i, o: rows.append(i[0].shape[:-1]))
+    ids = prompt(seed=1)
+    expected = plain_greedy(target, ids, 30)
+    try:
+        for run in range(2):
+            rows.clear()
+            out = generate(target, draft, ids, max_new_tokens=30, eos_token_id=[], **TREE)
+            assert torch.equal(out.sequences, expected)
+            # the prefill's head calls: the model's own (1 row) and the check (1 row); then none from the model
+            # (0 rows) and one for the last slot
+            assert [tuple(r) for r in rows[:2]] == ([(1, 1), (1, 1)] if run == 0 else [(1, 0), (1, 1)])
+        with torch.no_grad():
+            target.get_output_embeddings().weight.add_(0.0)  # in place: a new version of the weight
+        rows.clear()
+        generate(target, draft, ids, max_new_tokens=4, eos_token_id=[], **TREE)
+        assert [tuple(r) for r in rows[:2]] == [(1, 1), (1, 1)]
+    finally:
+        hook.remove()
+
+    scaled = make_tiny_target("llama")
+
+    def halve_logits(module, args, output):  # logits the head alone does not give
+        output.logits.mul_(0.5)
+
+    scaled.register_forward_hook(halve_logits)
+    for run in range(2):
+        out = generate(scaled, copy_draft(scaled), ids, max_new_tokens=30, eos_token_id=[], **TREE)
+        assert torch.equal(out.sequences, plain_greedy(scaled, ids, 30))
+        assert tree_decoding._head_verdicts[scaled][1] is False
+
+
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a torch build with oneDNN")
 def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
     """The oneDNN-packed copy of the target's head gives F.linear's logits (to float32 rounding) for any number of
