@@ -1277,13 +1277,13 @@ def attention_kernels(device: torch.device | str):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def _prepare_draft(draft, target):
+def _prepare_draft(draft, target, trust_remote_code: bool | None = False):
     if draft is None:
         raise ValueError(
             "Tree decoding needs an EAGLE-3 draft: pass `draft=` (a loaded Eagle3DraftModel, or a repo id / folder)."
         )
     if isinstance(draft, (str, Path)):
-        draft = _load_draft(str(draft), target)
+        draft = _load_draft(str(draft), target, trust_remote_code=trust_remote_code)
     if not hasattr(draft, "d2t") or not hasattr(draft.config, "aux_layer_ids"):
         raise ValueError(f"`draft` must be an EAGLE-3 draft (Eagle3DraftModel), got {type(draft).__name__}")
     check_draft_fits_target(draft, target)
@@ -1297,17 +1297,42 @@ def _prepare_draft(draft, target):
 _LOADED_DRAFTS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary()
 
 
-def _load_draft(repo: str, target, revision: str | None = None):
-    """Load (once per target) the EAGLE-3 draft stored in ``repo`` (a Hub id or a folder)."""
-    per_target = _LOADED_DRAFTS.setdefault(target, {})
-    key = (repo, revision)
-    if key not in per_target:
-        from transformers import AutoModel
+def _our_draft_class():
+    """``Eagle3DraftModel`` when the eagle3_hub package is importable (a Hub copy of this file may run without it)."""
+    try:
+        from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
+    except ImportError:
+        return None
+    return Eagle3DraftModel
 
-        weight = target.get_input_embeddings().weight
-        kwargs = {"revision": revision} if revision else {}
-        draft = AutoModel.from_pretrained(repo, trust_remote_code=True, dtype=weight.dtype, **kwargs)
-        per_target[key] = draft.to(weight.device).eval().requires_grad_(False)
+
+def _load_draft(repo: str, target, revision: str | None = None, trust_remote_code: bool | None = False):
+    """Load (once per target) the EAGLE-3 draft stored in ``repo`` (a Hub id or a folder).
+
+    Code from ``repo`` runs only with the caller's ``trust_remote_code=True``: a draft of our own type loads
+    through ``Eagle3DraftModel`` when the package is installed, anything else needs the caller's consent."""
+    per_target = _LOADED_DRAFTS.setdefault(target, {})
+    key = (repo, revision, trust_remote_code)
+    if key in per_target:
+        return per_target[key]
+    from transformers import AutoModel, PretrainedConfig
+
+    weight = target.get_input_embeddings().weight
+    kwargs = {"revision": revision} if revision else {}
+    config, _ = PretrainedConfig.get_config_dict(repo, **kwargs)  # reads config.json, runs nothing
+    ours = _our_draft_class()
+    model_type, auto_map = config.get("model_type"), config.get("auto_map")
+    if ours is not None and (model_type == ours.config_class.model_type or not auto_map):
+        draft = ours.from_pretrained(repo, dtype=weight.dtype, **kwargs)  # our class: no code from the folder
+    elif trust_remote_code or not auto_map:
+        draft = AutoModel.from_pretrained(repo, trust_remote_code=trust_remote_code, dtype=weight.dtype, **kwargs)
+    else:
+        raise ValueError(
+            f"The draft {repo} needs remote code to load (its config.json has model_type {model_type!r} and an "
+            "auto_map): if you trust the code in it, pass trust_remote_code=True, or load it yourself with "
+            "AutoModel.from_pretrained(repo, trust_remote_code=True) and pass the model as draft=."
+        )
+    per_target[key] = draft.to(weight.device).eval().requires_grad_(False)
     return per_target[key]
 
 
@@ -1353,8 +1378,9 @@ def _run(
     draft_graph=None,
     min_node_prob=None,
     grow_min_prob=None,
+    trust_remote_code: bool | None = False,
 ) -> TreeDecodingOutput:
-    draft = _prepare_draft(draft, target)
+    draft = _prepare_draft(draft, target, trust_remote_code)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.shape[1] == 0:
@@ -1484,6 +1510,7 @@ def _generate(
     draft_graph: bool | None = None,
     min_node_prob: float | None = None,
     grow_min_prob: float | None = None,
+    trust_remote_code: bool = False,
 ) -> TreeDecodingOutput:
     """EAGLE tree decoding of ``target`` with ``draft``; equal to ``target.generate`` in distribution (token
     for token when greedy, up to floating-point ties).
@@ -1513,6 +1540,8 @@ def _generate(
             cumulative draft probability of at least this: deep trees where the draft is sure, shallow ones where
             it is not. 0 = always ``depth`` levels. ``None`` = ``TREE_DEFAULTS`` for the device (0 with
             ``draft_graph``).
+        trust_remote_code: a ``draft`` given as a repo id / folder of another model type than ours may run the
+            code it ships only with ``True`` (as in transformers); ours loads without it.
 
     Returns ``TreeDecodingOutput(sequences (b, L + new), stats)``; rows that stopped are right-padded.
     """
@@ -1561,6 +1590,7 @@ def _generate(
         draft_graph=draft_graph,
         min_node_prob=min_node_prob,
         grow_min_prob=grow_min_prob,
+        trust_remote_code=trust_remote_code,
     )
 
 
@@ -1626,20 +1656,20 @@ def tree_generate(
     return out if generation_config.return_dict_in_generate else out.sequences
 
 
-def _custom_generate_source() -> tuple[str | None, str | None]:
-    """(repo, revision) of ``target.generate(custom_generate="repo", ...)`` further up the call stack.
+def _custom_generate_source() -> tuple[str | None, str | None, bool | None]:
+    """(repo, revision, trust_remote_code) of ``target.generate(custom_generate="repo", ...)`` up the call stack.
 
-    transformers calls a Hub ``custom_generate/generate.py`` as ``generate(model=..., **arguments)`` without
-    the repo it came from (the file runs from transformers' module cache), so read it from the caller.
-    """
+    transformers calls a Hub ``custom_generate/generate.py`` as ``generate(model=..., **arguments)`` without the
+    repo it came from and without the caller's ``trust_remote_code`` (the file runs from transformers' module
+    cache), so both are read from the caller's frame."""
     frame = inspect.currentframe()
     while frame is not None:
         local = frame.f_locals
         if frame.f_code.co_name == "generate" and isinstance(local.get("custom_generate"), str) and "self" in local:
             extra = local.get("kwargs") or {}
-            return local["custom_generate"], extra.get("revision")
+            return local["custom_generate"], extra.get("revision"), local.get("trust_remote_code")
         frame = frame.f_back
-    return None, None
+    return None, None, None
 
 
 def _generate_from_hub(
@@ -1664,13 +1694,14 @@ def _generate_from_hub(
         raise ValueError("Tree decoding does not support negative prompts.")
     if draft is None:
         draft = assistant_model
+    # transformers ran this file only with the caller's trust_remote_code=True: their word, passed on as they said it
+    repo, revision, trust_remote_code = _custom_generate_source()
     if draft is None:
-        repo, revision = _custom_generate_source()
         if repo is None:
             raise ValueError("Could not tell which repo this custom_generate came from: pass draft=... explicitly.")
-        draft = _load_draft(repo, model, revision)
+        draft = _load_draft(repo, model, revision, trust_remote_code=trust_remote_code)
     elif isinstance(draft, (str, Path)):
-        draft = _load_draft(str(draft), model)
+        draft = _load_draft(str(draft), model, trust_remote_code=trust_remote_code)
     stop_strings = kwargs.pop("stop_strings", None)
     if generation_config is not None and getattr(generation_config, "stop_strings", None):
         import copy
@@ -1705,7 +1736,7 @@ def generate(*args, **kwargs):
                  temperature=1.0, top_k=0, top_p=1.0, eos_token_id=None, stop_strings=None, tokenizer=None,
                  streamer=None, depth=None, tree_top_k=None, total_tokens=None, lookup_tokens=None, on_step=None,
                  generator=None, draft_graph=None, min_node_prob=None,
-                 grow_min_prob=None)
+                 grow_min_prob=None, trust_remote_code=False)
         -> TreeDecodingOutput(sequences, stats)
 
     Also the entry point of ``custom_generate/generate.py``: transformers calls it as
