@@ -532,6 +532,11 @@ def check_draft_fits_target(draft, target):
     L = cfg.num_hidden_layers
     if len(ids) != 3 or any(not 0 <= int(i) < L for i in ids):
         problems.append(f"the draft's aux layers {ids} do not exist in a target with {L} decoder layers")
+    d2t = getattr(draft, "d2t", None)
+    if isinstance(d2t, torch.Tensor) and d2t.numel() and not d2t.is_meta:
+        target_ids = d2t + torch.arange(d2t.numel(), device=d2t.device)
+        if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
+            problems.append(f"its d2t map sends draft ids outside the target's {cfg.vocab_size} tokens")
     if problems:
         raise ValueError(
             "This draft does not fit the target: " + "; ".join(problems) + ". Use a draft trained for this target."
@@ -1286,7 +1291,10 @@ def _prepare_draft(draft, target, trust_remote_code: bool | None = False):
         draft = _load_draft(str(draft), target, trust_remote_code=trust_remote_code)
     if not hasattr(draft, "d2t") or not hasattr(draft.config, "aux_layer_ids"):
         raise ValueError(f"`draft` must be an EAGLE-3 draft (Eagle3DraftModel), got {type(draft).__name__}")
-    check_draft_fits_target(draft, target)
+    if callable(getattr(draft, "check_fits", None)):
+        draft.check_fits(target)
+    else:  # a draft whose modeling code predates check_fits
+        check_draft_fits_target(draft, target)
     t_dev = target.get_input_embeddings().weight.device
     d_dev = draft.lm_head.weight.device
     if t_dev != d_dev:
@@ -1356,6 +1364,24 @@ class _PausedFeatureHooks:
         return False
 
 
+def _check_call(target, input_ids, max_new_tokens):
+    """The arguments every entry point needs before anything else reads them: one clear error each."""
+    if target is None or not hasattr(target, "get_input_embeddings") or not hasattr(target, "config"):
+        raise ValueError(
+            f"target must be a transformers causal LM (e.g. AutoModelForCausalLM.from_pretrained(...)), got "
+            f"{type(target).__name__}."
+        )
+    if not isinstance(input_ids, torch.Tensor):
+        raise ValueError(
+            f"input_ids must be a tensor of token ids (batch, prompt_len), got {type(input_ids).__name__}: use "
+            "tokenizer(..., return_tensors='pt') or torch.tensor([ids])."
+        )
+    if input_ids.is_floating_point() or input_ids.is_complex() or input_ids.dtype == torch.bool:
+        raise ValueError(f"input_ids must hold integer token ids, got dtype {input_ids.dtype}.")
+    if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}: e.g. max_new_tokens=256.")
+
+
 def _run(
     target,
     draft,
@@ -1380,12 +1406,14 @@ def _run(
     grow_min_prob=None,
     trust_remote_code: bool | None = False,
 ) -> TreeDecodingOutput:
+    _check_call(target, input_ids, max_new_tokens)
     draft = _prepare_draft(draft, target, trust_remote_code)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
-    if input_ids.dim() != 2 or input_ids.shape[1] == 0:
+    if input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(
-            f"input_ids must be (batch, prompt_len) with prompt_len >= 1, got shape {tuple(input_ids.shape)}"
+            f"input_ids must be (batch, prompt_len) with batch >= 1 and prompt_len >= 1, got shape "
+            f"{tuple(input_ids.shape)}: pass at least one non-empty prompt."
         )
     device = target.get_input_embeddings().weight.device
     input_ids = input_ids.to(device=device, dtype=torch.long)
@@ -1443,8 +1471,6 @@ def _run(
             "lookup_tokens works with greedy decoding only (its tokens are not samples of the draft): "
             "set lookup_tokens=0 or do_sample=False."
         )
-    if not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be a non-negative integer, got {max_new_tokens!r}")
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else 0
     if max_new_tokens == 0:
@@ -1545,6 +1571,7 @@ def _generate(
 
     Returns ``TreeDecodingOutput(sequences (b, L + new), stats)``; rows that stopped are right-padded.
     """
+    _check_call(target, input_ids, max_new_tokens)
     if do_sample:
         if not temperature > 0:
             raise ValueError(f"temperature must be > 0 when sampling, got {temperature}")
