@@ -662,7 +662,10 @@ def test_stages_train_in_one_command_and_a_resumed_chain_skips_the_finished_ones
     (Path(second["work_dir"]) / "finished.json").unlink()
     (two / "model.safetensors").unlink()
     before = (one / "model.safetensors").stat().st_mtime_ns
-    assert run(argparse.Namespace(config=str(config), resume=True, overrides=[])) == 0
+    # a resume with another recipe (the override left out) is another run: refused, nothing trained
+    assert run(argparse.Namespace(config=str(config), resume=True, overrides=[])) == 2
+    assert "holds checkpoints of another run (its recipe differs: train.lr 0.002 -> 0.0005)" in capsys.readouterr().err
+    assert run(argparse.Namespace(config=str(config), resume=True, overrides=["--train.lr", "0.002"])) == 0
     out = capsys.readouterr().out
     assert "one.yaml finished earlier" in out and "two.yaml finished earlier" not in out
     assert (one / "model.safetensors").stat().st_mtime_ns == before

@@ -1,6 +1,6 @@
 """`eagle3-hub train`: target + data -> a trained EAGLE-3 draft folder.
 
-    eagle3-hub train --config recipes/smollm2-135m-instruct.yaml [--train.lr 3e-4 ...] [--resume]   # + its stages
+    eagle3-hub train --config recipes/smollm2-135m-instruct.yaml [--train.lr 3e-4 ...] [--resume | --overwrite]
     accelerate launch --config_file recipes/accelerate/ddp.yaml -m eagle3_hub.training.train --config ...
 
 Stages: data (load, regenerate, tokenise; cached in work_dir) -> draft vocabulary -> features (online, or an
@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import random
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -27,22 +25,18 @@ from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
 
 from .. import Eagle3DraftModel
+from ..atomic import atomic_dir, atomic_write_json
 from ..hub import HubPushError
 from ..targets import check_aux_layer_ids, cpu_has_bf16_units, load_target, num_decoder_layers
+from .checkpoints import (
+    FINISHED, claim_work_dir, latest_checkpoint, move_aside, read_state, record_run, recover, run_id, run_identity,
+    save_checkpoint,
+)
 from .data import DataError, build_conversations, tokenize_dataset
 from .features import OfflineFeatures, aux_features
 from .recipe import load_recipe, load_stages, parse_overrides
 from .ttt import acceptance_metrics, target_logit_positions, ttt_loss
 from .vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
-
-FINISHED = "finished.json"  # in work_dir: written last, by a run that completed (a resumed chain skips it)
-
-
-def atomic_write_json(path: Path, obj) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
-
 
 def collate(batch: list[dict], pad_id: int) -> dict:
     """Right-padded batch: input_ids, attention_mask, loss_mask (b, s), and the sample indices."""
@@ -131,15 +125,8 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
             raise DataError(f"Only {len(tok)} usable sample(s) ({report}): training needs at least 2 (train + held-out).")
         tok = tok.add_column("index", list(range(len(tok))))
         split = held_out_split(tok, d["eval_samples"], recipe["train"]["seed"])
-        tmp = work / "tokenized.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        split.save_to_disk(str(tmp))
-        old = work / "tokenized.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
+        with atomic_dir(final) as tmp:
+            split.save_to_disk(str(tmp))
         report["eval_candidates"] = sum(tok["eval_ok"])  # samples of no `eval: false` source
         atomic_write_json(work / "data_report.json", {**report, "train": len(split["train"]), "eval": len(split["test"])})
         atomic_write_json(key_path, key)
@@ -180,29 +167,6 @@ def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids:
         atomic_write_json(path, info)
         print(f"[vocab] {size} tokens cover {coverage:.2%} of {int(counts.sum())} loss tokens")
     return ids, info
-
-
-def latest_checkpoint(ckpt_root: Path) -> Path | None:
-    done = sorted((p for p in ckpt_root.glob("step-*") if (p / "trainer_state.json").exists()),
-                  key=lambda p: int(p.name.split("-")[1]))
-    return done[-1] if done else None
-
-
-def save_checkpoint(accelerator: Accelerator, ckpt_root: Path, step: int, state: dict, keep: int) -> None:
-    """accelerate's save_state into a temporary folder, then an atomic rename: a kill leaves no half checkpoint."""
-    if accelerator.is_main_process:
-        ckpt_root.mkdir(parents=True, exist_ok=True)
-    tmp = ckpt_root / f".tmp-step-{step}"
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()  # every process has written its part (RNG states) before the rename
-    if accelerator.is_main_process:
-        atomic_write_json(tmp / "trainer_state.json", state)
-        final = ckpt_root / f"step-{step}"
-        shutil.rmtree(final, ignore_errors=True)
-        os.replace(tmp, final)
-        for old in sorted(ckpt_root.glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[:-keep]:
-            shutil.rmtree(old, ignore_errors=True)
-    accelerator.wait_for_everyone()
 
 
 @torch.no_grad()
@@ -331,14 +295,22 @@ def resolve_mixed_precision(mixed_precision: str) -> str:
     return "bf16" if cpu_has_bf16_units() else "no"
 
 
-def train(recipe: dict, resume: bool = False) -> Path:
+def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
     """Run a recipe (see ``recipe.DEFAULTS`` and recipes/README.md) and return the draft folder.
 
     Bad input (recipe values, target, draft vocabulary size, aux layers, an existing draft that does not fit,
     missing chat template, empty or malformed data) raises before anything is written to work_dir. With
     ``resume``, training continues from the latest checkpoint in work_dir and ends where an uninterrupted run
-    would have ended (same data order, optimizer, scheduler and RNG state)."""
+    would have ended (same data order, optimizer, scheduler and RNG state). A run only resumes its own checkpoints:
+    work_dir's checkpoints of another recipe (or, without ``resume``, of any run) stop it before anything is written,
+    unless ``overwrite`` moves that run aside to ``<work_dir>/previous-<time>``."""
     check_recipe(recipe)
+    if resume and overwrite:
+        raise ValueError("--resume continues the run in work_dir and --overwrite moves it aside: pass one of them.")
+    identity = run_identity(recipe)
+    rid = run_id(identity)
+    ckpt_root = Path(recipe["work_dir"]) / "checkpoints"
+    previous = claim_work_dir(Path(recipe["work_dir"]), identity, resume, overwrite)
     t, d = recipe["train"], recipe["draft"]
     if t["num_threads"]:
         torch.set_num_threads(int(t["num_threads"]))
@@ -348,6 +320,11 @@ def train(recipe: dict, resume: bool = False) -> Path:
     accelerator = Accelerator(mixed_precision=mp, gradient_accumulation_steps=t["grad_accum"],
                               log_with="tensorboard", project_dir=str(work), step_scheduler_with_optimizer=False)
     set_seed(t["seed"])
+    if accelerator.is_main_process:  # before this run's logs start: an older run moves aside whole
+        if previous is not None:
+            move_aside(work, previous)
+        recover(ckpt_root)  # a checkpoint swap or removal cut short by a kill
+    accelerator.wait_for_everyone()
 
     # ---- the target and everything that can be checked before writing
     tg = recipe["target"]
@@ -441,24 +418,22 @@ def train(recipe: dict, resume: bool = False) -> Path:
     draft, optimizer, scheduler = accelerator.prepare(draft, optimizer, scheduler)
     accelerator.init_trackers("tensorboard")
 
-    # ---- resume
-    ckpt_root = work / "checkpoints"
+    # ---- resume (this run's own checkpoints only)
     step, epoch, skip, wall_before = 0, 0, 0, 0.0
     history: list = []
-    last = latest_checkpoint(ckpt_root) if resume else None
+    last = latest_checkpoint(ckpt_root, rid) if resume else None
     if resume and last is None:
         accelerator.print("[resume] no checkpoint found: starting from scratch")
     if last is not None:
         accelerator.load_state(str(last))
-        state = json.loads((last / "trainer_state.json").read_text())
+        state = read_state(last)
         step, epoch, skip, history = state["step"], state["epoch"], state["batches_in_epoch"], state["eval_history"]
         wall_before = state.get("wall_time_s", 0.0)
         accelerator.print(f"[resume] from {last} (step {step}, epoch {epoch}, batch {skip})")
     if accelerator.is_main_process:
         (work / FINISHED).unlink(missing_ok=True)  # this run is not finished (yet)
-    if accelerator.is_main_process and ckpt_root.exists():
-        for stale in ckpt_root.glob(".tmp-step-*"):  # a checkpoint whose writing was killed
-            shutil.rmtree(stale, ignore_errors=True)
+        record_run(work, identity)
+    accelerator.wait_for_everyone()
 
     eval_path = work / "eval_metrics.json"
 
@@ -512,7 +487,8 @@ def train(recipe: dict, resume: bool = False) -> Path:
             if step % t["save_every"] == 0 or step == total_steps:
                 save_checkpoint(accelerator, ckpt_root, step, {"step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
                                                                 "eval_history": history,
-                                                                "wall_time_s": wall_before + time.time() - t0}, t["keep_checkpoints"])
+                                                                "wall_time_s": wall_before + time.time() - t0},
+                                t["keep_checkpoints"], rid)
             if step >= total_steps:
                 break
         else:
@@ -549,7 +525,8 @@ def train(recipe: dict, resume: bool = False) -> Path:
                 write_model_card(out_dir, training_info=metrics)
             except Exception as e:  # the draft is complete without its card; `eagle3-hub card` writes it later
                 print(f"[card] could not write the model card ({type(e).__name__}: {e}); run `eagle3-hub card {out_dir}`")
-        atomic_write_json(work / FINISHED, {"output_dir": str(out_dir), "steps": step, "wall_time_s": round(wall, 1)})
+        atomic_write_json(work / FINISHED, {"output_dir": str(out_dir), "steps": step, "wall_time_s": round(wall, 1),
+                                            "run_id": rid})
         accelerator.print(f"[done] draft written to {out_dir} ({step} steps, {wall / 60:.1f} min)")
         if recipe["push_to_hub"]:
             from ..hub import push_draft
@@ -570,33 +547,27 @@ def export_draft(model, out_dir: Path, metrics: dict | None = None, state_dict: 
     """bf16 weights without the target's embedding (+ ``training_metrics.json``), written to a temporary folder
     and renamed into place. A LoRA draft is saved as its adapter (a ``PeftModel`` of the draft), in fp32.
     ``state_dict``: the full weights when ``model`` is sharded (``accelerator.get_state_dict``)."""
-    out_dir = Path(out_dir)
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.with_name(f".tmp-{out_dir.name}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    if hasattr(model, "peft_config"):
-        model.save_pretrained(tmp, state_dict=state_dict)
-    else:
-        model = model.to(torch.bfloat16)  # (config.json says bfloat16)
-        state_dict = model.state_dict() if state_dict is None else state_dict
-        state_dict = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).cpu().contiguous()
-                      for k, v in state_dict.items() if k != "embed_tokens.weight"}
-        model.save_pretrained(tmp, state_dict=state_dict)
-    if metrics is not None:
-        atomic_write_json(tmp / "training_metrics.json", metrics)
-    old = out_dir.with_name(f".old-{out_dir.name}")
-    shutil.rmtree(old, ignore_errors=True)
-    if out_dir.exists():
-        os.replace(out_dir, old)
-    os.replace(tmp, out_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    with atomic_dir(out_dir) as tmp:
+        if hasattr(model, "peft_config"):
+            model.save_pretrained(tmp, state_dict=state_dict)
+        else:
+            model = model.to(torch.bfloat16)  # (config.json says bfloat16)
+            state_dict = model.state_dict() if state_dict is None else state_dict
+            state_dict = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).cpu().contiguous()
+                          for k, v in state_dict.items() if k != "embed_tokens.weight"}
+            model.save_pretrained(tmp, state_dict=state_dict)
+        if metrics is not None:
+            atomic_write_json(tmp / "training_metrics.json", metrics)
 
 
 # ------------------------------------------------------------------------------------------------- CLI
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML recipe (see recipes/); any key can also be given as --section.key VALUE")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the latest checkpoint in work_dir; skip the recipe and stages that finished")
+                        help="continue from this recipe's latest checkpoint in work_dir; skip the stages that finished")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="start again in a work_dir that holds checkpoints: the run there moves to "
+                             "<work_dir>/previous-<time>")
     parser.set_defaults(accepts_overrides=True, overrides=[])  # --section.key VALUE pairs, e.g. --train.lr 3e-4
 
 
@@ -610,11 +581,11 @@ def run(args) -> int:
         for i, (name, recipe) in enumerate(zip([args.config, *chain[0]["stages"]], chain), start=1):
             if len(chain) > 1:
                 print(f"[stages] stage {i}/{len(chain)}: {name}", flush=True)
-            if args.resume and (Path(recipe["work_dir"]) / FINISHED).exists():
+            if args.resume and finished_run(recipe):
                 print(f"[resume] {name} finished earlier ({Path(recipe['work_dir']) / FINISHED}): skipped; "
-                      "run without --resume to train it again", flush=True)
+                      "run with --overwrite instead of --resume to train it again", flush=True)
                 continue
-            train(recipe, resume=args.resume)
+            train(recipe, resume=args.resume, overwrite=getattr(args, "overwrite", False))
     except HubPushError as e:
         out = recipe["output_dir"] if recipe else "the output folder"
         print(f"eagle3-hub train: the draft is saved in {out} but the upload failed: {e}\n"
@@ -625,6 +596,15 @@ def run(args) -> int:
         print(f"eagle3-hub train: error: {message}", file=sys.stderr)
         return 2
     return 0
+
+
+def finished_run(recipe: dict) -> bool:
+    """Whether this recipe's run completed in its work_dir (a finished run of another recipe does not count)."""
+    try:
+        done = json.loads((Path(recipe["work_dir"]) / FINISHED).read_text())
+    except (OSError, ValueError):
+        return False
+    return done.get("run_id", None) in (None, run_id(run_identity(recipe)))  # None: written before run ids
 
 
 def main() -> int:
