@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import sys
 from pathlib import Path
 
+from .atomic import atomic_copy, atomic_path
+from .targets import is_embedded
+
 CARD_MARKER = "<!-- model card written by eagle3-hub; `eagle3-hub card` rewrites it -->"
-EMBEDDED_NAMES = (None, "", "embedded", "smollm2-135m-instruct")
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TAGS = ["eagle3", "speculative-decoding", "draft-model", "eagle3-hub"]
 ENGINE_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
@@ -28,7 +28,7 @@ _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 # ----------------------------------------------------------------------------------------- the target
 def target_hub_id(target: str | None) -> str | None:
     """The Hub id of a target spec: the embedded SmolLM2's origin, a repo id as is, ``None`` for local paths."""
-    if target in EMBEDDED_NAMES:
+    if is_embedded(target):
         return EMBEDDED_HUB_ID
     if Path(target).expanduser().exists():
         return None
@@ -85,7 +85,7 @@ def target_license(target: str | None, timeout: float = 10.0) -> dict:
     local folder's README.md or config.json, a GGUF file's metadata, or the Hub model card when online."""
     from huggingface_hub import ModelCard
 
-    if target in EMBEDDED_NAMES:
+    if is_embedded(target):
         from .targets import EMBEDDED_GGUF, embedded_gguf_dir
 
         lic = _gguf_license(embedded_gguf_dir() / EMBEDDED_GGUF)
@@ -170,7 +170,7 @@ def engine_native(config: dict) -> bool:
 
 # ----------------------------------------------------------------------------------------- sections
 def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> str:
-    from .benchmark.bench import describe_machine
+    from .benchmark.machine import describe_machine
     from .benchmark.report import acceptance_text, lossless_text, row_sort_key
 
     rows = [r for r in bench["results"] if r["mode"] == "greedy"] or bench["results"]
@@ -427,7 +427,17 @@ def training_info_from_metrics(metrics: dict) -> dict:
 def _load_json(obj) -> dict | None:
     if obj is None or isinstance(obj, dict):
         return obj
-    return json.loads(Path(obj).read_text())
+    path = Path(obj)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: pass a JSON file (a bench.json of `eagle3-hub bench`, the "
+                                "training_metrics.json of `eagle3-hub train`)")
+    try:
+        data = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path} is not valid JSON ({e}): pass the file that eagle3-hub wrote") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object: pass the file that eagle3-hub wrote")
+    return data
 
 
 def write_model_card(
@@ -458,7 +468,7 @@ def write_model_card(
     config_path = folder / "config.json"
     if not config_path.is_file():
         raise FileNotFoundError(f"{folder} has no config.json: pass the folder of a saved draft")
-    config = json.loads(config_path.read_text())
+    config = _load_json(config_path)
     readme = folder / "README.md"
     previous = ModelCard.load(readme, ignore_metadata_errors=True).data.to_dict() if card_is_ours(readme) else {}
 
@@ -474,11 +484,11 @@ def write_model_card(
         bench_json = folder / "bench.json"
     bench = _load_json(bench_json)
     if bench is not None and not isinstance(bench_json, dict) and Path(bench_json).resolve() != (folder / "bench.json").resolve():
-        shutil.copyfile(bench_json, folder / "bench.json")
+        atomic_copy(bench_json, folder / "bench.json")
         if chart is None and (Path(bench_json).parent / "bench.png").is_file():
             chart = Path(bench_json).parent / "bench.png"
     if chart is not None and Path(chart).resolve() != (folder / "bench.png").resolve():
-        shutil.copyfile(chart, folder / "bench.png")
+        atomic_copy(chart, folder / "bench.png")
     chart_name = "bench.png" if (folder / "bench.png").is_file() and bench is not None else None
 
     target = base_model or info.get("target") or previous.get("base_model") or config.get("target_name_or_path")
@@ -529,28 +539,6 @@ def write_model_card(
     if repo_id or previous.get("eagle3_hub_repo"):
         meta += f"\neagle3_hub_repo: {repo}"
     card = ModelCard(f"---\n{meta}\n---\n\n{body}")
-    card.save(readme)
+    with atomic_path(readme) as tmp:
+        card.save(tmp)
     return readme
-
-
-def add_arguments(parser):
-    parser.add_argument("draft", help="folder of a saved draft; README.md is written there")
-    parser.add_argument("--bench", default=None, help="bench.json of `eagle3-hub bench` (default: DRAFT/bench.json)")
-    parser.add_argument("--training-info", default=None, help="JSON of the training run (default: DRAFT/training_info.json)")
-    parser.add_argument("--base-model", default=None, help="the target: Hub id, folder or smollm2-135m-instruct")
-    parser.add_argument("--repo-id", default=None, help="the Hub repository the draft goes to (for the usage snippets)")
-    parser.add_argument("--license", default=None, help="default: the target's license")
-    parser.add_argument("--dataset", action="append", default=None, help="training dataset Hub id (repeatable)")
-
-
-def run(args) -> int:
-    try:
-        path = write_model_card(
-            args.draft, bench_json=args.bench, training_info=args.training_info, base_model=args.base_model,
-            repo_id=args.repo_id, license=args.license, datasets=args.dataset,
-        )
-    except FileNotFoundError as e:
-        print(f"eagle3-hub card: {e}", file=sys.stderr)
-        return 1
-    print(f"Wrote {path}")
-    return 0

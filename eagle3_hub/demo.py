@@ -10,14 +10,13 @@ after each of its steps, plain decoding runs tokens until it has used as much co
 pane's clock counts only its own work, so its tokens/s is what that method gets alone on this machine, and at
 any moment the two panes show what each method wrote in the same compute time. The speed-up is the ratio.
 
-The UI lives here, in ``build_app``; ``eagle3-hub demo`` (``run``) and the Hugging Face Space
-(``spaces/app.py``) both launch it. Model pairs (target + draft) come from a small YAML file
+The UI lives here, in ``build_app``; ``eagle3-hub demo`` (``eagle3_hub.commands.demo``) and the Hugging Face
+Space (``spaces/app.py``, exported with ``eagle3-hub demo --export-space DIR``) both launch it. Model pairs (target + draft) come from a small YAML file
 (``spaces/pairs.yaml``); without one the embedded SmolLM2-135M-Instruct and its reference draft are used.
 """
 
 from __future__ import annotations
 
-import argparse
 import html
 import inspect
 import logging
@@ -29,10 +28,12 @@ from pathlib import Path
 
 import torch
 
+from .devices import resolve_device, resolve_dtype
+from .targets import EMBEDDED_TARGET, reference_draft
+
 logger = logging.getLogger(__name__)
 
-REFERENCE_DRAFT_ROOT = Path(__file__).resolve().parent / "reference_draft"
-EMBEDDED_PAIR = "smollm2-135m-instruct"
+EMBEDDED_PAIR = EMBEDDED_TARGET
 
 EXAMPLE_PROMPTS = [
     ["Write a Python function that checks whether a string is a palindrome."],
@@ -46,7 +47,7 @@ EXAMPLE_PROMPTS = [
 ]
 
 
-class DemoError(Exception):
+class DemoError(ValueError):
     """An error whose message is shown in the page as is (bad input, a model that cannot load, ...)."""
 
 
@@ -92,6 +93,10 @@ def load_pairs(path: str | Path) -> tuple[dict[str, ModelPair], str]:
         data = yaml.safe_load(path.read_text()) or {}
     except FileNotFoundError as e:
         raise DemoError(f"Model pairs file {path} not found.") from e
+    except (yaml.YAMLError, UnicodeDecodeError) as e:
+        raise DemoError(f"Model pairs file {path} is not valid YAML: {' '.join(str(e).split())}") from None
+    if not isinstance(data, dict):
+        raise DemoError(f"{path} is not a mapping: write `pairs: {{NAME: {{target, draft}}}}` (see spaces/pairs.yaml).")
     raw = data.get("pairs")
     if not isinstance(raw, dict) or not raw:
         raise DemoError(f"{path} has no `pairs:` mapping (name -> {{target, draft}}).")
@@ -115,7 +120,7 @@ def resolve_draft(pair: ModelPair) -> str:
     """Folder or repo id of a pair's draft; a clear error when the reference draft is not installed."""
     if pair.draft in ("reference", "") or pair.draft.startswith("reference:"):
         name = pair.draft.partition(":")[2] or pair.target
-        folder = REFERENCE_DRAFT_ROOT / name
+        folder = reference_draft(name)
         if not (folder / "config.json").exists():
             raise DemoError(
                 f"The reference EAGLE-3 draft for {name} is not in this install (looked in {folder}). "
@@ -129,12 +134,6 @@ def resolve_draft(pair: ModelPair) -> str:
             raise DemoError(f"Draft folder {path} has no config.json: is it a saved EAGLE-3 draft?")
         return str(path)
     return pair.draft
-
-
-def _pick_device(device: str) -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(device)
 
 
 @dataclass
@@ -168,11 +167,11 @@ def load_pair(pair: ModelPair) -> LoadedPair:
     from .targets import check_draft_fits_target, load_target
 
     draft_path = resolve_draft(pair)
-    device = _pick_device(pair.device)
     try:
-        dtype = getattr(torch, pair.dtype)
-    except AttributeError as e:
-        raise DemoError(f"Pair {pair.name!r}: unknown dtype {pair.dtype!r} (use float32, bfloat16 or float16).") from e
+        device = resolve_device(pair.device)
+        dtype = resolve_dtype(pair.dtype, device)
+    except ValueError as e:
+        raise DemoError(f"Pair {pair.name!r}: {e}") from None
     try:
         target, tokenizer = load_target(pair.target, dtype=dtype, device=device)
     except Exception as e:
@@ -217,6 +216,12 @@ class PairCache:
         self._loaded: LoadedPair | None = None
         self._errors: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._turn = threading.Lock()
+
+    def turn(self) -> threading.Lock:
+        """Held for a whole request (``with cache.turn(): ...``): one race at a time on the shared models. A plain
+        lock, not an RLock: a generator holding it may be resumed by another worker thread."""
+        return self._turn
 
     def get(self, name: str) -> LoadedPair:
         if name not in self.pairs:
@@ -246,6 +251,25 @@ class PairCache:
         return "idle", f"{pair.title}: loads on the first Generate."
 
 
+def pair_cache(pairs_file: str | Path | None = None, pair: str | None = None, **overrides) -> PairCache:
+    """The demo's pairs: ``pairs_file`` (YAML, see ``load_pairs``) or the embedded pair; ``pair`` is selected when
+    the page opens, and ``overrides`` (``target``, ``draft``, ``dtype``, ``device``; ``None`` = keep) change it."""
+    pairs, default = load_pairs(pairs_file) if pairs_file else (dict(DEFAULT_PAIRS), EMBEDDED_PAIR)
+    default = pair or default
+    if default not in pairs:
+        raise DemoError(f"--pair {default!r} is not one of {sorted(pairs)}.")
+    unknown = set(overrides) - {"target", "draft", "dtype", "device"}
+    if unknown:
+        raise TypeError(f"unknown pair settings {sorted(unknown)}")
+    overrides = {k: v for k, v in overrides.items() if v}
+    if overrides:
+        changed = replace(pairs[default], **overrides)
+        if "draft" in overrides or "target" in overrides:
+            changed = replace(changed, label=f"{changed.target} + {changed.draft}")
+        pairs[default] = changed
+    return PairCache(pairs, default)
+
+
 # ----------------------------------------------------------------------------------------- settings
 @dataclass(frozen=True)
 class Limits:
@@ -270,14 +294,20 @@ class Settings:
 
 
 def _number(value, name: str, kind):
-    try:
-        number = kind(value)
-    except (TypeError, ValueError):
-        raise DemoError(f"{name} must be a number, got {value!r}.") from None
-    if kind is float and math.isnan(number):
+    """``value`` as the browser or an API client sends it (number or text) -> a finite ``kind``, or a DemoError.
+    Text goes through ``float`` first, so ``"24.0"`` and ``"1e2"`` are numbers; ``inf`` and ``nan`` are not."""
+    if isinstance(value, bool):
         raise DemoError(f"{name} must be a number, got {value!r}.")
-    if kind is int and float(value) != number:
-        raise DemoError(f"{name} must be a whole number, got {value!r}.")
+    try:
+        number = float(value.strip() if isinstance(value, str) else value)
+    except (TypeError, ValueError, OverflowError):
+        raise DemoError(f"{name} must be a number, got {value!r}.") from None
+    if not math.isfinite(number):
+        raise DemoError(f"{name} must be a number, got {value!r} (inf and nan are not numbers here).")
+    if kind is int:
+        if number != int(number):
+            raise DemoError(f"{name} must be a whole number, got {value!r}.")
+        return int(number)
     return number
 
 
@@ -702,6 +732,64 @@ def render_stats(plain: PaneView | None, eagle: PaneView | None, greedy: bool = 
     return f'<div class="e3-stats" data-state="{state}">{"".join(cells)}</div>{note}'
 
 
+# ----------------------------------------------------------------------------------------- one request
+def serve_request(cache: PairCache, pair_name, prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens,
+                  chat_mode, history, limits: Limits = Limits(), keep=lambda: None):
+    """One Generate press: yields ``(plain_html, eagle_html, stats_html, history, prompt_box)`` pages while the race
+    runs. ``keep()`` is the value that leaves an output as it is (``gr.update`` in the app).
+
+    Requests run one at a time (``cache.turn``): the models are shared, and a race measures each method on a machine
+    that nothing else is using. A second user's request waits for the first; bad input is answered at once."""
+    history = list(history or []) if chat_mode else []
+    try:
+        prompt, settings = validate_request(prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens, limits)
+    except DemoError as e:
+        yield (render_pane("plain", None, history), render_pane("eagle", None, history),
+               render_stats(None, None, message=str(e), error=True), history, keep())
+        return
+    with cache.turn():
+        yield from _serve(cache, pair_name, prompt, settings, chat_mode, history, limits, keep)
+
+
+def _serve(cache, pair_name, prompt, settings, chat_mode, history, limits, keep):
+    try:
+        loaded = cache.get(pair_name)
+        plain_messages, eagle_messages = [], []
+        for turn in history:  # each pane continues its own conversation
+            plain_messages += [{"role": "user", "content": turn["user"]},
+                               {"role": "assistant", "content": "".join(p for p, _ in turn["plain"])}]
+            eagle_messages += [{"role": "user", "content": turn["user"]},
+                               {"role": "assistant", "content": "".join(p for p, _ in turn["eagle"])}]
+        plain_messages.append({"role": "user", "content": prompt})
+        eagle_messages.append({"role": "user", "content": prompt})
+        check_context(loaded, loaded.encode(plain_messages), loaded.encode(eagle_messages), settings=settings, limits=limits)
+    except Exception as e:  # a pair that cannot load, a conversation too long, ...: a message in the page
+        message = str(e) if isinstance(e, DemoError) else f"Could not start: {type(e).__name__}: {e}"
+        if not isinstance(e, DemoError):
+            logger.exception("demo request failed")
+        yield (render_pane("plain", None, history), render_pane("eagle", None, history),
+               render_stats(None, None, message=message, error=True), history, keep())
+        return
+    greedy = settings.temperature == 0
+    plain = eagle = None
+    prompt_box = "" if chat_mode else keep()  # chat: empty the box once, for the next message
+    try:
+        for plain, eagle in race(loaded, plain_messages, eagle_messages, settings):
+            page = (render_pane("plain", plain, history, prompt), render_pane("eagle", eagle, history, prompt),
+                    render_stats(plain, eagle, greedy))
+            yield (*page, history, prompt_box)
+            prompt_box = keep()
+    except Exception as e:  # never a stack trace in the page
+        logger.exception("demo generation failed")
+        yield (render_pane("plain", plain, history, prompt), render_pane("eagle", eagle, history, prompt),
+               render_stats(None, None, message=f"Generation failed: {type(e).__name__}: {e}", error=True),
+               history, keep())
+        return
+    if chat_mode and plain is not None and plain.state == eagle.state == "done":
+        history = history + [{"user": prompt, "plain": plain.pieces, "eagle": eagle.pieces}]
+        yield (*page, history, keep())  # the same page; the turn joins the conversation
+
+
 # ----------------------------------------------------------------------------------------- the app
 INTRO = """
 # EAGLE-3: plain decoding vs. speculative tree decoding
@@ -723,44 +811,8 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
         return render_stats(None, None, message=message, error=kind == "error")
 
     def generate(pair_name, prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens, chat_mode, history):
-        history = list(history or []) if chat_mode else []
-        try:
-            prompt, settings = validate_request(prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens, limits)
-            loaded = cache.get(pair_name)
-            plain_messages, eagle_messages = [], []
-            for turn in history:  # each pane continues its own conversation
-                plain_messages += [{"role": "user", "content": turn["user"]},
-                                   {"role": "assistant", "content": "".join(p for p, _ in turn["plain"])}]
-                eagle_messages += [{"role": "user", "content": turn["user"]},
-                                   {"role": "assistant", "content": "".join(p for p, _ in turn["eagle"])}]
-            plain_messages.append({"role": "user", "content": prompt})
-            eagle_messages.append({"role": "user", "content": prompt})
-            check_context(loaded, loaded.encode(plain_messages), loaded.encode(eagle_messages), settings=settings, limits=limits)
-        except Exception as e:  # bad input, a pair that cannot load, ...: a message in the page
-            message = str(e) if isinstance(e, DemoError) else f"Could not start: {type(e).__name__}: {e}"
-            if not isinstance(e, DemoError):
-                logger.exception("demo request failed")
-            yield (render_pane("plain", None, history), render_pane("eagle", None, history),
-                   render_stats(None, None, message=message, error=True), history, gr.update())
-            return
-        greedy = settings.temperature == 0
-        plain = eagle = None
-        prompt_box = "" if chat_mode else gr.update()  # chat: empty the box once, for the next message
-        try:
-            for plain, eagle in race(loaded, plain_messages, eagle_messages, settings):
-                page = (render_pane("plain", plain, history, prompt), render_pane("eagle", eagle, history, prompt),
-                        render_stats(plain, eagle, greedy))
-                yield (*page, history, prompt_box)
-                prompt_box = gr.update()
-        except Exception as e:  # never a stack trace in the page
-            logger.exception("demo generation failed")
-            yield (render_pane("plain", plain, history, prompt), render_pane("eagle", eagle, history, prompt),
-                   render_stats(None, None, message=f"Generation failed: {type(e).__name__}: {e}", error=True),
-                   history, gr.update())
-            return
-        if chat_mode and plain is not None and plain.state == eagle.state == "done":
-            history = history + [{"user": prompt, "plain": plain.pieces, "eagle": eagle.pieces}]
-            yield (*page, history, gr.update())  # the same page; the turn joins the conversation
+        yield from serve_request(cache, pair_name, prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens,
+                                 chat_mode, history, limits=limits, keep=gr.update)
 
     def clear():
         return render_pane("plain", None), render_pane("eagle", None), render_stats(None, None), []
@@ -768,7 +820,11 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
     from .generation.tree_decoding import tree_defaults
 
     default_pair = cache.pairs[cache.default]
-    tree = tree_defaults(_pick_device(default_pair.device), getattr(torch, default_pair.dtype, None))
+    try:
+        device = resolve_device(default_pair.device)
+        tree = tree_defaults(device, resolve_dtype(default_pair.dtype, device))
+    except ValueError:  # the page shows the pair's error on its first request
+        tree = tree_defaults(torch.device("cpu"), torch.float32)
     with gr.Blocks(title="EAGLE-3 side-by-side speed demo", analytics_enabled=False) as app:
         gr.Markdown(INTRO)
         history = gr.State([])
@@ -815,57 +871,3 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
         app.load(pair_status, inputs=[pair], outputs=[stats], api_name=False, show_progress="hidden")
     app.queue(max_size=queue_size, default_concurrency_limit=1)
     return app
-
-
-# ----------------------------------------------------------------------------------------- CLI
-def add_arguments(parser: argparse.ArgumentParser):
-    parser.add_argument("--pairs", default=None, help="YAML file of model pairs (default: the embedded SmolLM2 pair)")
-    parser.add_argument("--pair", default=None, help="pair selected when the page opens, and the one --target/--draft/--dtype/--device change (default: the file's `default`)")
-    parser.add_argument("--target", default=None, help="override the default pair's target (repo id, folder, .gguf)")
-    parser.add_argument("--draft", default=None, help="override the default pair's draft (folder or repo id)")
-    parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="override the default pair's dtype")
-    parser.add_argument("--device", default=None, help="override the default pair's device (auto, cpu, cuda, cuda:1, ...)")
-    parser.add_argument("--max-new-tokens-limit", type=int, default=Limits.max_new_tokens, help="largest max-new-tokens a request may ask for")
-    parser.add_argument("--queue-size", type=int, default=16, help="requests that may wait in the queue")
-    parser.add_argument("--no-preload", action="store_true", help="load the models on the first request, not at start")
-    parser.add_argument("--host", default=None, help="server address (default 127.0.0.1; 0.0.0.0 to listen on all)")
-    parser.add_argument("--port", type=int, default=None, help="server port (default 7860 or the next free one)")
-    parser.add_argument("--share", action="store_true", help="create a public gradio.live link")
-
-
-def make_cache(args) -> PairCache:
-    pairs, default = load_pairs(args.pairs) if args.pairs else (dict(DEFAULT_PAIRS), EMBEDDED_PAIR)
-    default = args.pair or default
-    if default not in pairs:
-        raise DemoError(f"--pair {default!r} is not one of {sorted(pairs)}.")
-    overrides = {k: getattr(args, k) for k in ("target", "draft", "dtype", "device") if getattr(args, k, None)}
-    if overrides:
-        pair = replace(pairs[default], **overrides)
-        if "draft" in overrides or "target" in overrides:
-            pair = replace(pair, label=f"{pair.target} + {pair.draft}")
-        pairs[default] = pair
-    return PairCache(pairs, default)
-
-
-def run(args) -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # gradio's own start-up requests
-    try:
-        cache = make_cache(args)
-    except DemoError as e:
-        raise SystemExit(f"eagle3-hub demo: {e}")
-    if not args.no_preload:
-        try:
-            cache.get(cache.default)
-            logger.info("loaded %s", cache.pairs[cache.default].title)
-        except DemoError as e:  # the page shows it; the app still starts
-            logger.error("%s", e)
-    app = build_app(cache, Limits(max_new_tokens=args.max_new_tokens_limit), queue_size=args.queue_size)
-    app.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, show_error=False)
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="eagle3-hub demo", description="EAGLE-3 side-by-side speed demo (Gradio)")
-    add_arguments(parser)
-    return run(parser.parse_args(argv))

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fnmatch
 import json
-import sys
 from pathlib import Path
 
 from .formats import CODE_FILES  # the code files trust_remote_code needs
@@ -28,6 +27,10 @@ IGNORE_PATTERNS = [".*", "__pycache__", "*.pyc", "checkpoint-*", "optimizer.pt",
 
 class HubPushError(RuntimeError):
     """A push that could not happen; the message says why and what to do."""
+
+
+class NotADraftFolder(HubPushError, ValueError):
+    """The folder to push is not a saved draft: bad input, caught before anything is sent."""
 
 
 def _ignored(rel: Path, patterns: list[str]) -> bool:
@@ -65,11 +68,11 @@ def files_to_upload(folder: str | Path, ignore_patterns: list[str] | None = None
 def check_draft_folder(folder: str | Path) -> Path:
     folder = Path(folder)
     if not folder.is_dir():
-        raise HubPushError(f"{folder} is not a folder. Pass the folder of a saved draft (`draft.save_pretrained(folder)`).")
+        raise NotADraftFolder(f"{folder} is not a folder. Pass the folder of a saved draft (`draft.save_pretrained(folder)`).")
     if not (folder / "config.json").is_file():
-        raise HubPushError(f"{folder} has no config.json: is it a saved draft (`draft.save_pretrained(folder)`)?")
+        raise NotADraftFolder(f"{folder} has no config.json: is it a saved draft (`draft.save_pretrained(folder)`)?")
     if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
-        raise HubPushError(f"{folder} has no weights (*.safetensors): save the draft with `draft.save_pretrained(folder)` first.")
+        raise NotADraftFolder(f"{folder} has no weights (*.safetensors): save the draft with `draft.save_pretrained(folder)` first.")
     return folder
 
 
@@ -157,23 +160,3 @@ def push_draft(
     except Exception as e:
         raise _explain(e, endpoint, folder, repo_id) from e
     return info.commit_url
-
-
-def add_arguments(parser):
-    parser.add_argument("draft", help="folder of a saved draft")
-    parser.add_argument("repo_id", help="Hub repository, `name` (your namespace) or `owner/name`")
-    parser.add_argument("--private", action="store_true", help="create the repository as private")
-    parser.add_argument("--token", default=None, help="Hub token (default: HF_TOKEN or `hf auth login`)")
-    parser.add_argument("--message", default=None, help="commit message")
-    parser.add_argument("--no-card", action="store_true", help="do not write or refresh README.md")
-
-
-def run(args) -> int:
-    try:
-        url = push_draft(args.draft, args.repo_id, private=args.private, token=args.token,
-                         commit_message=args.message, update_card=not args.no_card)
-    except HubPushError as e:
-        print(f"eagle3-hub push: {e}", file=sys.stderr)
-        return 1
-    print(f"Uploaded {args.draft} -> {url}")
-    return 0

@@ -6,16 +6,47 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 
+from .atomic import atomic_dir
 from .configuration_eagle3 import Eagle3Config, default_aux_layer_ids
+from .devices import cpu_has_bf16_units, default_dtype, resolve_dtype  # noqa: F401  (re-exported: one place each)
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAMES = (None, "", EMBEDDED_TARGET, "embedded")
+# drafts shipped inside the package, one folder per target name
+REFERENCE_DRAFT_ROOT = Path(__file__).resolve().parent / "reference_draft"
+
+
+def is_embedded(target: str | None) -> bool:
+    """Whether ``target`` names the embedded default (``None``, ``""``, ``embedded`` or ``smollm2-135m-instruct``)."""
+    return target in EMBEDDED_NAMES
+
+
+def reference_draft(target: str | None = None) -> Path:
+    """Folder of the draft shipped for ``target`` (default: the embedded one), whether or not it is installed.
+    Other targets are named as folders there with ``/`` as ``--`` (a path or Hub id never points outside it)."""
+    name = EMBEDDED_TARGET if is_embedded(target) else str(target).replace("\\", "/").replace("/", "--")
+    return REFERENCE_DRAFT_ROOT / name
+
+
+def default_draft(target: str | None, needed_for: str = "tree decoding") -> str:
+    """The draft to use when the caller gave none: the reference draft of ``target``, or a clear ``ValueError``."""
+    folder = reference_draft(target)
+    if (folder / "config.json").is_file():
+        return str(folder)
+    if is_embedded(target):
+        raise ValueError(
+            f"{needed_for} needs an EAGLE-3 draft, and the reference draft for the embedded target is not in this "
+            f"installation ({folder} has no config.json). Pass --draft PATH_OR_REPO or train one with `eagle3-hub train`."
+        )
+    raise ValueError(
+        f"{needed_for} needs an EAGLE-3 draft for {target}: pass --draft PATH_OR_REPO, a draft trained for this "
+        f"target (train one with `eagle3-hub train --target {target}`)."
+    )
 
 
 def embedded_gguf_dir() -> Path:
@@ -54,22 +85,19 @@ def _converted_gguf(folder: Path, gguf_file: str) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".tmp-"))
     try:
-        model.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        os.replace(tmp, out)
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(tmp)
+            tok.save_pretrained(tmp)
     except OSError:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not (out / "config.json").exists():
+        if not (out / "config.json").exists():  # another process may have finished the same conversion first
             raise
     return out
 
 
 def resolve_target(name: str | None, gguf_file: str | None = None) -> tuple[str, str | None]:
     """(path or repo id, gguf file) for a target spec; ``None`` or ``smollm2-135m-instruct`` is the embedded one."""
-    if name in (None, "", EMBEDDED_TARGET, "embedded"):
+    if is_embedded(name):
         return str(_converted_gguf(embedded_gguf_dir(), EMBEDDED_GGUF)), None
     if gguf_file is None and str(name).endswith(".gguf") and Path(name).is_file():
         return str(_converted_gguf(Path(name).parent, Path(name).name)), None
@@ -78,32 +106,22 @@ def resolve_target(name: str | None, gguf_file: str | None = None) -> tuple[str,
     return str(name), None
 
 
-def cpu_has_bf16_units() -> bool:
-    """Whether this CPU multiplies bfloat16 matrices in hardware (AVX512-BF16 or AMX-BF16). Without them (AVX2)
-    a bf16 matmul of several rows costs about as many one-row products, so tree verification needs float32."""
-    capability = getattr(getattr(torch._C, "_cpu", None), "_get_cpu_capability", None)
-    if capability is not None:
-        flags = capability()
-        return bool(flags.get("avx512_bf16") or flags.get("amx_bf16"))
-    try:  # older torch: the kernel's view of the CPU
-        with open("/proc/cpuinfo") as f:
-            words = set(f.read().split())
-    except OSError:
-        return False
-    return bool(words & {"avx512_bf16", "amx_bf16"})
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def default_dtype(device: str | torch.device) -> torch.dtype:
-    """The dtype ``--dtype auto`` picks: bfloat16 on CUDA and on CPUs with bf16 units, float32 elsewhere.
-
-    On this project's AMD EPYC (AVX512-BF16), SmolLM2-135M with a 200-token cache: one token 38 ms in bf16 against
-    57 in float32, 16 tokens 49 against 89 (results/smollm2-135m-instruct/diagnostics/forward_cost.py). Greedy
-    tree decoding is token-for-token plain greedy in float32; in bf16 the two can part at a near-tie (see
-    ``eagle3_hub.benchmark.near_ties``)."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return torch.bfloat16 if cpu_has_bf16_units() else torch.float32
-    return torch.bfloat16 if device.type == "cuda" else torch.float32
+def check_no_pickles(folder: str | Path, what: str = "Model",
+                     flag: str = "allow_pickle=True (--allow-pickle on the command line)") -> None:
+    """Refuse a local checkpoint folder whose weights are pickles only: unpickling can run arbitrary code."""
+    folder = Path(folder)
+    if not folder.is_dir() or any(folder.glob("*.safetensors")):
+        return
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)
+    if pickles:
+        raise ValueError(
+            f"{what} {folder} has only pickled weights ({', '.join(pickles)}): eagle3-hub loads safetensors only, "
+            "because loading a pickle can run arbitrary code. Convert it once (`AutoModelForCausalLM.from_pretrained"
+            f"(folder).save_pretrained(folder)` writes model.safetensors), or pass {flag} if you trust the file."
+        )
 
 
 def load_target(
@@ -113,27 +131,35 @@ def load_target(
     gguf_file: str | None = None,
     adapter: str | None = None,
     attn_implementation: str | None = "sdpa",
+    allow_pickle: bool = False,
 ):
     """Load a frozen target causal LM and its tokenizer.
 
     name: a Hub repo id, a local folder, a ``.gguf`` path, or None for the embedded SmolLM2-135M-Instruct.
     adapter: a PEFT adapter (repo id or folder) merged into the base.
+    allow_pickle: also load ``pytorch_model.bin``-style checkpoints (by default only safetensors: a pickle can run
+        code when loaded).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if isinstance(dtype, str):
-        dtype = getattr(torch, dtype)
+    dtype = resolve_dtype(dtype, device or "cpu")
     path, _ = resolve_target(name, gguf_file)
     if adapter is None and Path(path, "adapter_config.json").exists():
         from peft import PeftConfig
 
         adapter, path = path, PeftConfig.from_pretrained(path).base_model_name_or_path
+    safe = {}
+    if not allow_pickle:
+        check_no_pickles(path, "Target")
+        if adapter is not None:
+            check_no_pickles(adapter, "Adapter")
+        safe = {"use_safetensors": True}  # a Hub repo with pickles only: transformers refuses it too
     tokenizer = AutoTokenizer.from_pretrained(adapter or path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **safe)
     if adapter is not None:
         from peft import PeftModel
 
-        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()
+        model = PeftModel.from_pretrained(model, adapter).merge_and_unload()  # local .bin adapters refused above
     if device is not None:
         model = model.to(device)
     model.eval().requires_grad_(False)
@@ -216,7 +242,12 @@ def draft_config_from_target(
 
 
 def check_draft_fits_target(draft, target):
-    """Raise a clear error when ``draft`` was not made for ``target``."""
+    """Raise a clear error when ``draft`` was not made for ``target``: the draft's own ``check_fits`` where the
+    model class has it (one rule for every caller)."""
+    check_fits = getattr(draft, "check_fits", None)
+    if callable(check_fits):
+        check_fits(target)
+        return
     cfg = target.config.get_text_config()
     dc = draft.config
     problems = []

@@ -16,9 +16,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 from tiny_models import make_tiny_target  # noqa: E402
 
-from eagle3_hub.benchmark import bench, report, suites  # noqa: E402
+from eagle3_hub.benchmark import bench, machine, report, suites  # noqa: E402
+from eagle3_hub.commands import bench as bench_command  # noqa: E402
 from eagle3_hub.benchmark.bench import Mode, TurnRecord, run_benchmark  # noqa: E402
-from eagle3_hub.targets import default_dtype  # noqa: E402
+from eagle3_hub.targets import default_dtype, reference_draft  # noqa: E402
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -297,7 +298,7 @@ def test_lossless_check_reports_a_difference_loudly(tiny, capsys):
     check = bench.lossless_check(records, tok)
     assert check["lookup"]["lossless"] and not check["tree"]["lossless"]
     assert check["tree"]["mismatches"][0]["first_difference"] == 2
-    results = {"results": bench.summarize(records), "lossless": check, "machine": bench.machine_info(torch.device("cpu")),
+    results = {"results": bench.summarize(records), "lossless": check, "machine": machine.machine_info(torch.device("cpu")),
                "settings": {"target": "t", "draft": "d", "suites": [{"name": "s", "questions": 1}], "max_new_tokens": 4}}
     report.print_report(results)
     out = capsys.readouterr().out
@@ -317,7 +318,7 @@ def test_sampling_mode_runs_beside_greedy(tiny, tmp_path):
 # ----------------------------------------------------------------------------------------- CLI + report
 def _parse(argv):
     p = argparse.ArgumentParser()
-    bench.add_arguments(p)
+    bench_command.add_arguments(p)
     return p.parse_args(argv)
 
 
@@ -330,7 +331,7 @@ def test_cli_writes_table_json_and_chart(tiny_folders, tmp_path, capsys):
         "--assistant-model", str(tiny_folders / "assistant"), "--max-new-tokens", "16", "--out", str(out), "--quiet",
         "--strict",
     ])
-    assert bench.run(args) == 0
+    assert bench_command.run(args) == 0
     printed = capsys.readouterr().out
     assert "| Suite | Mode | Method | Tokens/s | Speed-up |" in printed and "all suites" in printed
     data = json.loads((out / "bench.json").read_text())
@@ -347,13 +348,13 @@ def test_cli_writes_table_json_and_chart(tiny_folders, tmp_path, capsys):
 def test_cli_without_a_draft_says_what_to_pass(tiny_folders, tmp_path):
     qfile = write_questions(tmp_path / "q.jsonl", n=1, turns=1)
     args = _parse(["--target", str(tiny_folders / "target"), "--suite", str(qfile), "--methods", "plain,tree", "--quiet"])
-    with pytest.raises(SystemExit, match="need an EAGLE-3 draft.*--draft PATH_OR_REPO"):
-        bench.run(args)
+    with pytest.raises(ValueError, match="needs an EAGLE-3 draft.*--draft PATH_OR_REPO"):
+        bench_command.run(args)
 
 
 def test_tree_grid_and_sweep_summary():
     args = _parse(["--depth", "3,5", "--tree-top-k", "8", "--total-tokens", "16,32"])
-    grid = bench.tree_grid_from_args(args)
+    grid = bench_command.tree_grid_from_args(args)
     assert len(grid) == 4 and {"depth": 5, "tree_top_k": 8, "total_tokens": 32} in grid
     methods = [bench.Method(bench.tree_label(g), "tree", None, g) for g in grid]
     rows = [{"suite": "_all", "mode": "greedy", "method": m.name, "speedup": s, "tokens_per_s": 10 * s,
@@ -363,29 +364,29 @@ def test_tree_grid_and_sweep_summary():
     assert [r["speedup"] for r in best["ranking"]] == [1.9, 1.5, 1.2, 1.1]
     # the pruning and growth thresholds are lists too; the tree_label names every setting given
     args = _parse(["--depth", "6", "--min-node-prob", "0", "--grow-min-prob", "0,0.3"])
-    grid = bench.tree_grid_from_args(args)
+    grid = bench_command.tree_grid_from_args(args)
     assert grid == [{"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.0},
                     {"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.3}]
     assert bench.tree_label(grid[1]) == "tree[depth=6,min_node_prob=0.0,grow_min_prob=0.3]"
     # --trees: the settings as listed (no product), checked
     args = _parse(["--trees", "depth=3; depth=8,grow_min_prob=0.3,total_tokens=6 ;", "--depth", "5,7"])
-    assert bench.tree_grid_from_args(args) == [{"depth": 3}, {"depth": 8, "grow_min_prob": 0.3, "total_tokens": 6}]
+    assert bench_command.tree_grid_from_args(args) == [{"depth": 3}, {"depth": 8, "grow_min_prob": 0.3, "total_tokens": 6}]
     for bad, message in (("depth=3;width=2", "'width=2' is not key=value with a key among depth"),
                          ("depth=three", "depth takes an integer, got 'three'"), (" ; ", "at least one tree setting"),
                          ("depth=1,tree_top_k=2,total_tokens=9", "No tree shape in the sweep is valid")):
-        with pytest.raises(SystemExit, match=message):
-            bench.tree_grid_from_args(_parse(["--trees", bad]))
+        with pytest.raises(ValueError, match=message):
+            bench_command.tree_grid_from_args(_parse(["--trees", bad]))
 
 
 # ----------------------------------------------------------------------------------------- the real target
 def test_bare_command_needs_only_the_reference_draft(tmp_path):
     """`eagle3-hub bench` with no arguments: embedded target, reference draft, bundled MT-bench."""
     args = _parse(["--num-questions", "1", "--max-new-tokens", "8", "--out", str(tmp_path / "out"), "--quiet", "--strict"])
-    if not (bench.REFERENCE_DRAFT / "config.json").exists():
-        with pytest.raises(SystemExit, match="reference draft for the embedded target is not in this installation.*--draft"):
-            bench.run(args)
+    if not (reference_draft() / "config.json").exists():
+        with pytest.raises(ValueError, match="reference draft for the embedded target is not in this installation.*--draft"):
+            bench_command.run(args)
         return
-    assert bench.run(args) == 0
+    assert bench_command.run(args) == 0
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
     assert data["settings"]["methods"] == ["plain", "lookup", "assisted", "tree"]
 
@@ -413,10 +414,10 @@ def test_smollm2_chat_bench_is_lossless(tmp_path):
 def test_machine_info_records_the_thread_settings_that_change_cpu_timings(monkeypatch):
     for k in [k for k in os.environ if k.startswith(("OMP_", "KMP_", "MKL_", "GOMP_"))]:
         monkeypatch.delenv(k)
-    plain = bench.machine_info(torch.device("cpu"), torch.float32)
-    assert "threading_env" not in plain and "OMP_WAIT_POLICY" not in bench.describe_machine(plain)
+    plain = machine.machine_info(torch.device("cpu"), torch.float32)
+    assert "threading_env" not in plain and "OMP_WAIT_POLICY" not in machine.describe_machine(plain)
     monkeypatch.setenv("OMP_NUM_THREADS", "2")
     monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
-    info = bench.machine_info(torch.device("cpu"), torch.float32)
+    info = machine.machine_info(torch.device("cpu"), torch.float32)
     assert info["threading_env"] == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
-    assert "OMP_WAIT_POLICY=PASSIVE, float32" in bench.describe_machine(info)
+    assert "OMP_WAIT_POLICY=PASSIVE, float32" in machine.describe_machine(info)

@@ -267,17 +267,17 @@ def test_push_reads_a_wrong_token_from_the_environment_and_says_so(tmp_path, mon
 
     import huggingface_hub.constants
 
-    from eagle3_hub import hub
+    from eagle3_hub.commands import push as push_command
 
     draft = make_draft_folder(tmp_path / "draft")
     with FakeHub({TOKEN: "alice"}) as fake:
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", fake.url)
         monkeypatch.setenv("HF_TOKEN", "hf_wrong")
         parser = argparse.ArgumentParser()
-        hub.add_arguments(parser)
-        assert hub.run(parser.parse_args([str(draft), "my-draft"])) == 1
+        push_command.add_arguments(parser)
+        assert push_command.run(parser.parse_args([str(draft), "my-draft"])) == 1
         err = capsys.readouterr().err
         assert "rejected the token (401 Unauthorized)" in err and "hf auth login" in err
         monkeypatch.setenv("HF_TOKEN", TOKEN)
-        assert hub.run(parser.parse_args([str(draft), "my-draft", "--private"])) == 0
+        assert push_command.run(parser.parse_args([str(draft), "my-draft", "--private"])) == 0
         assert fake.repo("alice/my-draft").private

@@ -24,7 +24,6 @@ import torch
 from eagle3_hub import Eagle3DraftModel
 from eagle3_hub.demo import (
     DEFAULT_PAIRS,
-    REFERENCE_DRAFT_ROOT,
     DemoError,
     Detokenizer,
     Limits,
@@ -38,6 +37,7 @@ from eagle3_hub.demo import (
     resolve_draft,
     validate_request,
 )
+from eagle3_hub.targets import REFERENCE_DRAFT_ROOT
 
 REPO = Path(__file__).resolve().parents[1]
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
@@ -361,7 +361,7 @@ def test_chat_mode_keeps_the_conversation(pair_cache):
 def test_cli_overrides_the_default_pair(tmp_path):
     import argparse
 
-    from eagle3_hub.demo import add_arguments, make_cache
+    from eagle3_hub.commands.demo import add_arguments, make_cache
 
     parser = argparse.ArgumentParser()
     add_arguments(parser)

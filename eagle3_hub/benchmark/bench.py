@@ -14,32 +14,31 @@ warm-up, so machine drift and caching effects spread evenly over the methods. Fo
 the draft give the time split (draft / verify / the rest) and, from where each target forward starts, how many
 draft tokens each step accepted. Greedy outputs of every method are compared token by token with plain greedy.
 On CUDA every method runs on the same attention kernels, without cuDNN's (``attention_kernels``: its per-shape
-plans made plain ``generate`` 3.2x slower on an H200, results/cuda-h200/).
+plans slow plain ``generate`` down far more than the other methods, which would inflate every speed-up).
+
+The command line (``eagle3-hub bench``) is ``eagle3_hub.commands.bench``; this module is the library it calls.
 """
 
 from __future__ import annotations
 
-import argparse
 import copy
 import itertools
-import os
 import re
 import sys
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import torch
 
 from ..generation.tree_decoding import attention_kernels
-from ..targets import cpu_has_bf16_units, default_dtype
+from ..targets import default_draft
+from .machine import machine_info
 from .near_ties import near_tie_check, reduced_precision
-from .suites import STANDARD_SUITES, Suite, load_suites
+from .suites import Suite
 
 METHOD_NAMES = ("plain", "lookup", "assisted", "tree", "assistant")
 DRAFT_METHODS = ("assisted", "tree")
-REFERENCE_DRAFT = Path(__file__).resolve().parent.parent / "reference_draft" / "smollm2-135m-instruct"
 
 
 # ----------------------------------------------------------------------------------------- measuring
@@ -177,63 +176,6 @@ class PeakMemory:
             return float("nan")
         kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
         return kb / (2**20 if sys.platform == "darwin" else 1024)
-
-
-def machine_info(device: torch.device, dtype: torch.dtype | None = None) -> dict:
-    """What the figures were measured on."""
-    import platform
-
-    import transformers
-
-    from .. import __version__
-
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            m = re.search(r"model name\s*:\s*(.+)", f.read())
-        cpu = m.group(1).strip() if m else cpu
-    except OSError:
-        pass
-    info = {
-        "cpu": cpu,
-        "cpu_cores": os.cpu_count(),
-        "torch_threads": torch.get_num_threads(),
-        "platform": platform.platform(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "eagle3_hub": __version__,
-        "device": str(device),
-        "dtype": str(dtype).replace("torch.", "") if dtype is not None else None,
-        "cpu_bf16_units": cpu_has_bf16_units(),  # AVX512-BF16 / AMX: bf16 matmuls of several rows in hardware
-    }
-    # thread settings change CPU timings a lot (OMP_WAIT_POLICY=PASSIVE: a 9-token forward ~1.7x slower here)
-    threading_env = {k: v for k, v in os.environ.items() if k.startswith(("OMP_", "KMP_", "MKL_", "GOMP_"))}
-    if threading_env:
-        info["threading_env"] = dict(sorted(threading_env.items()))
-    try:
-        info["memory_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    except (ValueError, OSError, AttributeError):
-        pass
-    if device.type == "cuda":
-        props = torch.cuda.get_device_properties(device)
-        info["gpu"] = props.name
-        info["gpu_memory_gb"] = round(props.total_memory / 2**30, 1)
-        info["cuda"] = torch.version.cuda
-    return info
-
-
-def describe_machine(machine: dict) -> str:
-    """One line: 'NVIDIA H100 80GB HBM3, bfloat16' or 'AMD EPYC (2 cores), float32'."""
-    if machine.get("gpu"):
-        where = machine["gpu"]
-    else:
-        n = machine.get("torch_threads") or machine.get("cpu_cores")
-        where = f"{machine.get('cpu', 'CPU')} ({n} thread{'s' if n != 1 else ''}"
-        where += ", bf16 units)" if machine.get("cpu_bf16_units") else ")"
-    policy = (machine.get("threading_env") or {}).get("OMP_WAIT_POLICY")
-    where += f", OMP_WAIT_POLICY={policy}" if policy and not machine.get("gpu") else ""
-    return f"{where}, {machine.get('dtype')}, torch {machine.get('torch')}, transformers {machine.get('transformers')}"
 
 
 # ----------------------------------------------------------------------------------------- methods
@@ -726,17 +668,30 @@ def sweep_summary(rows: list[dict], methods: list[Method]) -> dict:
     return out
 
 
-# ----------------------------------------------------------------------------------------- CLI
-def _number_list(text: str | None, kind: type = int) -> list[int | float | None]:
+
+# ----------------------------------------------------------------------------------------- tree settings
+SWEEP_DEFAULTS = {"depth": "3,5,7", "tree_top_k": "4,8", "total_tokens": "16,32,60"}
+
+
+def number_list(text, kind: type = int) -> list:
     """A comma-separated list of numbers of type ``kind`` (``[None]`` when not given: the default setting)."""
     if text is None:
         return [None]
-    return [kind(x) for x in str(text).split(",") if x.strip()]
+    if isinstance(text, (list, tuple)):
+        return [kind(x) for x in text]
+    out = []
+    for x in str(text).split(","):
+        if x.strip():
+            try:
+                out.append(kind(x))
+            except ValueError:
+                raise ValueError(f"{x.strip()!r} in {text!r} is not a{'n integer' if kind is int else ' number'}") from None
+    return out
 
 
 def tree_settings(text: str) -> list[dict]:
-    """``--trees``: settings separated by ``;``, each ``key=value,...`` over ``TREE_KEYS`` (unset keys: the device
-    default), e.g. ``"depth=3;depth=8,grow_min_prob=0.3"``."""
+    """Settings separated by ``;``, each ``key=value,...`` over ``TREE_KEYS`` (unset keys: the device default),
+    e.g. ``"depth=3;depth=8,grow_min_prob=0.3"``."""
     out = []
     for item in filter(None, (part.strip() for part in text.split(";"))):
         setting = {}
@@ -744,187 +699,82 @@ def tree_settings(text: str) -> list[dict]:
             key, eq, value = pair.partition("=")
             key = key.strip().replace("-", "_")
             if not eq or key not in TREE_KEY_TYPES:
-                raise SystemExit(f"--trees: {pair!r} is not key=value with a key among {', '.join(TREE_KEYS)}")
+                raise ValueError(f"--trees: {pair!r} is not key=value with a key among {', '.join(TREE_KEYS)}")
             try:
                 setting[key] = TREE_KEY_TYPES[key](value.strip())
             except ValueError:
-                raise SystemExit(f"--trees: {key} takes a{'n integer' if TREE_KEY_TYPES[key] is int else ' number'}, "
+                raise ValueError(f"--trees: {key} takes a{'n integer' if TREE_KEY_TYPES[key] is int else ' number'}, "
                                  f"got {value.strip()!r}") from None
         out.append(setting)
     if not out:
-        raise SystemExit("--trees: give at least one tree setting, e.g. --trees 'depth=3;depth=8,grow_min_prob=0.3'")
+        raise ValueError("--trees: give at least one tree setting, e.g. --trees 'depth=3;depth=8,grow_min_prob=0.3'")
     return out
 
 
-def tree_grid_from_args(args) -> list[dict]:
-    """The tree settings to run: ``--trees`` as listed, else every combination of the per-key lists."""
-    if getattr(args, "trees", None):
-        grid = tree_settings(args.trees)
+def tree_grid(trees: str | None = None, **lists) -> list[dict]:
+    """The tree settings to run: ``trees`` (``tree_settings``) as listed, else every combination of the per-key
+    lists in ``lists`` (``depth="3,5"``, ``tree_top_k=...``, ``total_tokens``, ``lookup_tokens``, ``min_node_prob``,
+    ``grow_min_prob``). Shapes that are not trees are dropped; none left is a ``ValueError``."""
+    unknown = set(lists) - set(TREE_KEYS)
+    if unknown:
+        raise ValueError(f"unknown tree keys {sorted(unknown)}: use {', '.join(TREE_KEYS)}")
+    if trees:
+        grid = tree_settings(trees)
     else:
-        grid = _product_grid(args)
+        values = [number_list(lists.get(k), TREE_KEY_TYPES[k]) for k in TREE_KEYS]
+        grid = [{k: v for k, v in zip(TREE_KEYS, combo) if v is not None} for combo in itertools.product(*values)]
     # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
     fits = [g for g in grid if not {"depth", "tree_top_k", "total_tokens"} <= g.keys()
             or g["total_tokens"] <= g["tree_top_k"] + (g["depth"] - 1) * g["tree_top_k"] ** 2]
     if grid and not fits:
-        raise SystemExit("No tree shape in the sweep is valid: total_tokens must be <= top_k + (depth - 1) * top_k**2.")
+        raise ValueError("No tree shape in the sweep is valid: total_tokens must be <= top_k + (depth - 1) * top_k**2.")
     return fits
 
 
-def _product_grid(args) -> list[dict]:
-    grid = [
-        dict(zip(TREE_KEYS, values))
-        for values in itertools.product(_number_list(args.depth), _number_list(args.tree_top_k), _number_list(args.total_tokens),
-                                        _number_list(getattr(args, "tree_lookup_tokens", None)),
-                                        _number_list(getattr(args, "min_node_prob", None), float),
-                                        _number_list(getattr(args, "grow_min_prob", None), float))
-    ]
-    return [{k: v for k, v in g.items() if v is not None} for g in grid]
-
-
-def add_arguments(parser: argparse.ArgumentParser):
-    g = parser.add_argument_group("models")
-    g.add_argument("--target", default=None, help="target: Hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
-    g.add_argument("--draft", default=None, help="EAGLE-3 draft: Hub id or folder (default with the embedded target: the reference draft)")
-    g.add_argument("--assistant-model", default=None, help="also run any small causal LM (Hub id or folder) as a classic assistant")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="auto: bfloat16 on GPU and on CPUs with bf16 units (AVX512-BF16, AMX), float32 on other CPUs")
-    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
-    g = parser.add_argument_group("what to run")
-    g.add_argument("--suite", default="mt_bench", help=f"comma-separated: question.jsonl files or folders, names ({', '.join(STANDARD_SUITES)}, all) or Hub dataset ids")
-    g.add_argument("--bench-dir", default=None, help="folder with <suite>.jsonl or <suite>/question.jsonl files (also $EAGLE3_HUB_BENCH_DIR)")
-    g.add_argument("--num-questions", type=int, default=None, help="first N questions of each suite")
-    g.add_argument("--methods", default="plain,lookup,assisted,tree", help=f"comma-separated from {', '.join(METHOD_NAMES)}")
-    g.add_argument("--max-new-tokens", type=int, default=256)
-    g.add_argument("--max-turns", type=int, default=None, help="user turns per question (MT-bench has 2; 1 = first turns only)")
-    g.add_argument("--temperature", default="0", help="comma-separated; 0 = greedy (with the lossless check). E.g. 0,0.7")
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for 'lookup'")
-    g.add_argument("--assistant-tokens", type=int, default=None, help="num_assistant_tokens for 'assisted' and 'assistant'")
-    g.add_argument("--warmup", type=int, default=1, help="warm-up rounds (every method on the first question) before measuring")
-    g = parser.add_argument_group("tree decoding")
-    g.add_argument("--depth", default=None, help="draft depth (comma-separated list with --sweep)")
-    g.add_argument("--tree-top-k", default=None, help="candidates per node (list with --sweep)")
-    g.add_argument("--total-tokens", default=None, help="tree size verified per step (list with --sweep)")
-    g.add_argument("--tree-lookup-tokens", default=None,
-                   help="tokens copied from the text so far as one more branch of the tree, greedy only; 0 = none (list with --sweep)")
-    g.add_argument("--min-node-prob", default=None,
-                   help="keep only tree nodes whose cumulative draft probability reaches this; 0 = always --total-tokens (list with --sweep)")
-    g.add_argument("--grow-min-prob", default=None,
-                   help="draft a further tree level (up to --depth) only while a frontier node's cumulative draft probability "
-                        "reaches this; 0 = always --depth levels (list with --sweep)")
-    g.add_argument("--trees", default=None,
-                   help="tree settings to compare in one run, ';'-separated, each key=value,... over "
-                        f"{', '.join(TREE_KEYS)} (e.g. 'depth=3;depth=8,grow_min_prob=0.3'); replaces the per-key lists")
-    g.add_argument("--sweep", action="store_true", help="try every combination of --depth/--tree-top-k/--total-tokens and report the best for this device")
-    g = parser.add_argument_group("output")
-    g.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and bench.png")
-    g.add_argument("--no-chart", action="store_true")
-    g.add_argument("--save-outputs", action="store_true", help="keep every generated token id in bench.json")
-    g.add_argument("--no-float32-check", action="store_true", help="in bf16/fp16: skip scoring the greedy outputs with a float32 copy of the target (it needs memory for that copy)")
-    g.add_argument("--strict", action="store_true", help="exit with status 1 when a greedy output differs from plain greedy")
-    g.add_argument("--quiet", action="store_true", help="no progress bar")
-
-
-SWEEP_DEFAULTS = {"depth": "3,5,7", "tree_top_k": "4,8", "total_tokens": "16,32,60"}
-
-
-def _resolve_device_dtype(device: str, dtype: str) -> tuple[torch.device, torch.dtype]:
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else ("mps" if torch.backends.mps.is_available() else "cpu")
-    dev = torch.device(device)
-    if dtype == "auto":
-        dt = default_dtype(dev)
-    else:
-        dt = getattr(torch, dtype)
-    return dev, dt
-
-
-def resolve_draft(args, methods: list[str]) -> str | None:
-    """The draft to load, checked before any model is: ``--draft``, or the reference draft of the embedded
+# ----------------------------------------------------------------------------------------- models
+def resolve_draft(draft: str | None, target: str | None, methods: list[str]) -> str | None:
+    """The draft to load, checked before any model is: ``draft``, or the reference draft of the embedded
     target. ``None`` when no method needs one."""
     if not any(m in DRAFT_METHODS for m in methods):
         return None
-    if args.draft is not None:
-        return args.draft
-    needs = ", ".join(m for m in methods if m in DRAFT_METHODS)
-    if args.target not in (None, "", "smollm2-135m-instruct", "embedded"):
-        raise SystemExit(
-            f"Methods {needs} need an EAGLE-3 draft for {args.target}: pass --draft PATH_OR_REPO, train one "
-            f"(`eagle3-hub train --target {args.target}`), or run only --methods plain,lookup."
-        )
-    if not (REFERENCE_DRAFT / "config.json").exists():
-        raise SystemExit(
-            f"Methods {needs} need an EAGLE-3 draft, and the reference draft for the embedded target is not in this "
-            f"installation ({REFERENCE_DRAFT}). Pass --draft PATH_OR_REPO, train one with `eagle3-hub train`, or "
-            "run only --methods plain,lookup."
-        )
-    return str(REFERENCE_DRAFT)
+    if draft is not None:
+        return draft
+    needs = "Methods " + ", ".join(m for m in methods if m in DRAFT_METHODS)
+    try:
+        return default_draft(target, needs)
+    except ValueError as e:
+        raise ValueError(f"{e} Or run only --methods plain,lookup.") from None
 
 
-def load_models(args, device: torch.device, dtype: torch.dtype, draft_path: str | None):
-    """(target, tokenizer, draft or None, assistant or None, assistant_tokenizer or None)."""
-    from ..targets import load_target
+def load_models(target: str | None, draft_path: str | None, device: torch.device, dtype: torch.dtype,
+                assistant_model: str | None = None, assistant_tokens: int | None = None,
+                allow_pickle: bool = False):
+    """(target, tokenizer, draft or None, assistant or None, assistant_tokenizer or None), on ``device``/``dtype``.
 
-    target, tokenizer = load_target(args.target, dtype=dtype, device=device)
+    ``allow_pickle``: also load target / assistant checkpoints stored as pickles (``.bin``); drafts never."""
+    from ..targets import check_no_pickles, load_target
+
+    target_model, tokenizer = load_target(target, dtype=dtype, device=device, allow_pickle=allow_pickle)
     draft = None
     if draft_path is not None:
         from ..modeling_eagle3 import Eagle3DraftModel
 
         draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device)
         draft.eval().requires_grad_(False)
-        draft.bind(target)
-        if args.assistant_tokens:
-            draft.generation_config.num_assistant_tokens = args.assistant_tokens
+        draft.bind(target_model)
+        if assistant_tokens:
+            draft.generation_config.num_assistant_tokens = assistant_tokens
     assistant = assistant_tok = None
-    if args.assistant_model:
+    if assistant_model:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        assistant = AutoModelForCausalLM.from_pretrained(args.assistant_model, dtype=dtype).to(device).eval()
-        if assistant.config.get_text_config().vocab_size != target.config.get_text_config().vocab_size:
-            assistant_tok = AutoTokenizer.from_pretrained(args.assistant_model)
-        if args.assistant_tokens:
-            assistant.generation_config.num_assistant_tokens = args.assistant_tokens
-    return target, tokenizer, draft, assistant, assistant_tok
-
-
-def run(args) -> int:
-    from .report import print_report, write_report
-
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
-    unknown = [m for m in methods if m not in METHOD_NAMES]
-    if unknown:
-        raise SystemExit(f"Unknown method(s) {unknown}: choose from {', '.join(METHOD_NAMES)}")
-    if args.assistant_model and "assistant" not in methods:
-        methods.append("assistant")
-    if "assistant" in methods and not args.assistant_model:
-        raise SystemExit("Method 'assistant' runs a small model as a classic assistant: pass --assistant-model ID_OR_FOLDER.")
-    if args.trees and "tree" not in methods:
-        methods.append("tree")
-    if args.sweep and not args.trees:
-        if "tree" not in methods:
-            methods.append("tree")
-        for key, default in SWEEP_DEFAULTS.items():
-            if getattr(args, key) is None:
-                setattr(args, key, default)
-    modes = [Mode(float(t), args.top_p, args.top_k) for t in str(args.temperature).split(",") if t.strip()]
-    draft_path = resolve_draft(args, methods)
-    suites = load_suites(args.suite, bench_dir=args.bench_dir, num_questions=args.num_questions)
-    device, dtype = _resolve_device_dtype(args.device, args.dtype)
-    target, tokenizer, draft, assistant, assistant_tok = load_models(args, device, dtype, draft_path)
-    results = run_benchmark(
-        target, tokenizer, suites, methods=methods, draft=draft, assistant=assistant,
-        assistant_tokenizer=assistant_tok, modes=modes, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
-        tree_grid=tree_grid_from_args(args) if "tree" in methods else None, lookup_tokens=args.lookup_tokens,
-        warmup=args.warmup, seed=args.seed, progress=not args.quiet, keep_outputs=args.save_outputs,
-        float32_check=not args.no_float32_check,
-    )
-    results["settings"].update(
-        target=args.target or "smollm2-135m-instruct",
-        draft=draft_path,
-        assistant_model=args.assistant_model,
-    )
-    paths = write_report(results, args.out, chart=not args.no_chart)
-    print_report(results, paths)
-    failed = any(not e["lossless"] for e in results["lossless"].values())
-    return 1 if (failed and args.strict) else 0
+        safe = {}
+        if not allow_pickle:
+            check_no_pickles(assistant_model, "Assistant model")
+            safe = {"use_safetensors": True}
+        assistant = AutoModelForCausalLM.from_pretrained(assistant_model, dtype=dtype, **safe).to(device).eval()
+        if assistant.config.get_text_config().vocab_size != target_model.config.get_text_config().vocab_size:
+            assistant_tok = AutoTokenizer.from_pretrained(assistant_model)
+        if assistant_tokens:
+            assistant.generation_config.num_assistant_tokens = assistant_tokens
+    return target_model, tokenizer, draft, assistant, assistant_tok

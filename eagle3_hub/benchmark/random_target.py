@@ -1,7 +1,7 @@
 """Tree decoding on a randomly initialised Llama target of a chosen size: a lossless check and a timing run
 for a device where no trained target/draft pair can be downloaded (an accelerator lent without internet).
 
-    python -m eagle3_hub.benchmark.random_target --size 1b --device cuda --out results/cuda-h200
+    python -m eagle3_hub.commands.random_target --size 1b --device cuda --out random-target
 
 What it measures (one JSON + one Markdown table in ``--out``):
   * lossless: float32 tree decoding equals plain greedy ``target.generate`` token for token (batch 1, three
@@ -22,9 +22,7 @@ elsewhere; it is not a trained draft's acceptance, which is why the break-even n
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
 import platform
 import time
 from pathlib import Path
@@ -34,6 +32,7 @@ import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.cache_utils import DynamicCache
 
+from ..atomic import atomic_write_json, atomic_write_text
 from ..generation.tree_decoding import attention_kernels
 from ..generation.tree_decoding import generate as tree_decode
 from ..modeling_eagle3 import Eagle3DraftModel
@@ -239,39 +238,44 @@ def markdown(r: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--size", choices=sorted(SIZES), default="1b")
-    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--out", default="results/random-target")
-    ap.add_argument("--phases", default="lossless,bf16,forward,timing", help="comma-separated subset to run")
-    ap.add_argument("--prompts", type=int, default=3, help="prompts per timing measurement")
-    args = ap.parse_args(argv)
-    out = Path(args.out)
+PHASES = ("lossless", "bf16", "forward", "timing")
+
+
+def run_random_target(size: str = "1b", device: str | None = None, new_tokens: int = 256,
+                      out: str | Path = "random-target", phases=PHASES, prompts: int = 3) -> dict:
+    """Run the ``phases`` on a random Llama target of ``size``; writes ``random_target.json`` (after every phase)
+    and, when every phase ran, ``random_target.md`` in ``out``. Returns the results."""
+    from ..devices import resolve_device
+
+    if size not in SIZES:
+        raise ValueError(f"size {size!r} is not one of {', '.join(sorted(SIZES))}")
+    phases = set(phases)
+    unknown = phases - set(PHASES)
+    if unknown:
+        raise ValueError(f"unknown phase(s) {sorted(unknown)}: choose from {', '.join(PHASES)}")
+    out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    dev = args.device
-    r = {"size": args.size, "device": dev, "new_tokens": args.new_tokens, "torch": torch.__version__,
+    dev = str(resolve_device(device))
+    r = {"size": size, "device": dev, "new_tokens": new_tokens, "torch": torch.__version__,
          "transformers": transformers.__version__,
          "device_name": torch.cuda.get_device_name(dev) if torch.device(dev).type == "cuda" else platform.processor()}
 
     def save():
-        (out / "random_target.json").write_text(json.dumps(r, indent=2, default=str))
+        atomic_write_json(out / "random_target.json", r)
 
-    phases = set(args.phases.split(","))
     t0 = time.time()
-    target = random_target(args.size, dev)
+    target = random_target(size, dev)
     draft = copy_draft(target)
     shape = VARIANTS[0]
     r["lossless_shape"] = shape
     if "lossless" in phases:
-        r["lossless"] = lossless(target, draft, dev, args.new_tokens, shape)
+        r["lossless"] = lossless(target, draft, dev, new_tokens, shape)
         print("lossless float32:", r["lossless"], f"({time.time() - t0:.0f} s)", flush=True)
         save()
     target.to(torch.bfloat16)
     draft.to(torch.bfloat16)
     if "bf16" in phases:
-        r["bf16_agreement"] = bf16_agreement(target, draft, dev, args.new_tokens, shape)
+        r["bf16_agreement"] = bf16_agreement(target, draft, dev, new_tokens, shape)
         print("bf16 agreement:", r["bf16_agreement"], flush=True)
     if "forward" in phases:
         r["forward_ms"] = forward_cost(target, dev)
@@ -280,15 +284,12 @@ def main(argv=None):
     if "timing" in phases:
         r["attention_kernels"] = "every method without cuDNN SDPA (eagle3_hub's attention_kernels)"
         with attention_kernels(torch.device(dev)):
-            r["timing"] = timing(target, draft, dev, args.new_tokens, VARIANTS, args.prompts,
+            r["timing"] = timing(target, draft, dev, new_tokens, VARIANTS, prompts,
                                  on_result=lambda t: (print(t, flush=True), save()), result=r.setdefault("timing", {}))
     r["wall_s"] = round(time.time() - t0, 1)
     save()
-    if phases >= {"lossless", "bf16", "forward", "timing"}:
+    if phases >= set(PHASES):
         md = markdown(r)
-        (out / "random_target.md").write_text(md)
+        atomic_write_text(out / "random_target.md", md)
         print(md)
-
-
-if __name__ == "__main__":
-    main()
+    return r

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
+
+from ..atomic import atomic_path, atomic_write_text
+from .machine import describe_machine
 
 METHOD_ORDER = ("plain", "lookup", "assistant", "assisted", "tree")
 
@@ -102,8 +104,6 @@ def sweep_table(results: dict, limit: int = 10) -> str:
 
 
 def markdown_report(results: dict) -> str:
-    from .bench import describe_machine
-
     s = results["settings"]
     parts = [
         "# eagle3-hub bench",
@@ -164,29 +164,21 @@ def plot_chart(results: dict, path: str | Path) -> Path:
     ax2.set_title("Acceptance by draft position")
     if drawn:
         ax2.legend(fontsize=8)
-    from .bench import describe_machine
-
     fig.suptitle(describe_machine(results["machine"]), fontsize=9)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
+    with atomic_path(path, suffix=path.suffix) as tmp:
+        fig.savefig(tmp, dpi=120, format=path.suffix.lstrip(".") or "png")
     plt.close(fig)
     return path
-
-
-def _write_atomic(path: Path, text: str):
-    """Write through a temporary file in the same folder: an interrupted run never leaves half a report."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def write_report(results: dict, out_dir: str | Path, chart: bool = True) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "bench.json", "markdown": out / "bench.md"}
-    _write_atomic(paths["json"], json.dumps(results, indent=1, default=str) + "\n")
-    _write_atomic(paths["markdown"], markdown_report(results))
+    atomic_write_text(paths["json"], json.dumps(results, indent=1, default=str) + "\n")
+    atomic_write_text(paths["markdown"], markdown_report(results))
     if chart:
         paths["chart"] = plot_chart(results, out / "bench.png")
     return paths

@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from ..atomic import atomic_write_text
+
 QUESTIONS_PER_SUITE = 80  # EAGLE and Spec-Bench use 80 questions per category
 
 
@@ -97,14 +99,9 @@ def read_question_file(path: str | Path, name: str | None = None) -> Suite:
 
 
 def write_question_file(questions: list[Question], path: str | Path):
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        for q in questions:
-            obj = {"question_id": q.question_id, "category": q.category, "turns": q.turns, **q.extra}
-            f.write(json.dumps(obj, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
+    lines = [json.dumps({"question_id": q.question_id, "category": q.category, "turns": q.turns, **q.extra},
+                        ensure_ascii=False) for q in questions]
+    atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
 def read_question_folder(folder: str | Path) -> list[Suite]:

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-REFERENCE_DRAFT = Path(__file__).resolve().parent.parent / "reference_draft" / "smollm2-135m-instruct"
+from ..targets import default_draft, reference_draft
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -27,7 +26,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--draft",
         default=None,
-        help=f"EAGLE-3 draft: Hub id or folder (default with the embedded target: {REFERENCE_DRAFT})",
+        help=f"EAGLE-3 draft: Hub id or folder (default with the embedded target: {reference_draft()})",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument(
@@ -86,7 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser):
         "matmuls of several rows are far slower. Greedy output equals plain greedy token for token in float32; in bf16 "
         "the two can part at a near-tie",
     )
-    parser.add_argument("--device", default=None, help="cpu / cuda (default: cuda when available)")
+    parser.add_argument("--device", default="auto", help="auto (CUDA, else Apple MPS, else CPU), cpu, cuda, cuda:1, mps")
     parser.add_argument("--seed", type=int, default=None, help="seed for sampling")
     parser.add_argument("--no-chat-template", action="store_true", help="feed the prompt as raw text")
     parser.add_argument(
@@ -96,31 +95,19 @@ def add_arguments(parser: argparse.ArgumentParser):
     )
 
 
-def resolve_draft(draft: str | None, target: str | None) -> str:
-    if draft is not None:
-        return draft
-    if target in (None, "", "embedded", "smollm2-135m-instruct") and (REFERENCE_DRAFT / "config.json").exists():
-        return str(REFERENCE_DRAFT)
-    if target in (None, "", "embedded", "smollm2-135m-instruct"):
-        raise SystemExit(
-            f"No draft given and the reference draft is not installed ({REFERENCE_DRAFT} has no config.json). "
-            "Pass --draft PATH_OR_REPO (a draft trained for the target: `eagle3-hub train`)."
-        )
-    raise SystemExit("No draft given: pass --draft PATH_OR_REPO, an EAGLE-3 draft trained for this target.")
-
-
 def run(args: argparse.Namespace) -> int:
     import torch
     from transformers import TextStreamer
 
-    from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
-    from eagle3_hub.targets import default_dtype, load_target
+    from ..devices import resolve_device_dtype
+    from ..generation.tree_decoding import generate
+    from ..modeling_eagle3 import Eagle3DraftModel
+    from ..targets import load_target
 
-    from .tree_decoding import generate
-
-    draft_path = resolve_draft(args.draft, args.target)
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype) if args.dtype != "auto" else default_dtype(device)
+    if args.max_new_tokens < 1:
+        raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    draft_path = args.draft or default_draft(args.target, "eagle3-hub generate")
+    device, dtype = resolve_device_dtype(args.device, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
     draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device).eval()
 

@@ -1,0 +1,138 @@
+"""``eagle3-hub bench``: decoding methods side by side on question suites (library: ``eagle3_hub.benchmark``).
+
+eagle3-hub bench                                          # embedded SmolLM2, reference draft, bundled MT-bench
+eagle3-hub bench --target Qwen/Qwen3-8B --draft user/qwen3-eagle3 --suite mt_bench,humaneval --temperature 0,0.7
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from ..benchmark.bench import METHOD_NAMES, SWEEP_DEFAULTS, TREE_KEYS, tree_grid
+from ..benchmark.suites import STANDARD_SUITES
+
+# --flag -> tree key (the tree's own lookup branch has its flag apart from prompt-lookup decoding's)
+TREE_FLAGS = {"depth": "depth", "tree_top_k": "tree_top_k", "total_tokens": "total_tokens",
+              "tree_lookup_tokens": "lookup_tokens", "min_node_prob": "min_node_prob", "grow_min_prob": "grow_min_prob"}
+
+
+def add_arguments(parser: argparse.ArgumentParser):
+    g = parser.add_argument_group("models")
+    g.add_argument("--target", default=None, help="target: Hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
+    g.add_argument("--draft", default=None, help="EAGLE-3 draft: Hub id or folder (default with the embedded target: the reference draft)")
+    g.add_argument("--assistant-model", default=None, help="also run any small causal LM (Hub id or folder) as a classic assistant")
+    g.add_argument("--allow-pickle", action="store_true",
+                   help="also load a target or --assistant-model stored as pickles (pytorch_model.bin); loading a pickle can "
+                        "run code, so only for files you trust (drafts are safetensors only)")
+    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="auto: bfloat16 on GPU and on CPUs with bf16 units (AVX512-BF16, AMX), float32 on other CPUs")
+    g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
+    g = parser.add_argument_group("what to run")
+    g.add_argument("--suite", default="mt_bench", help=f"comma-separated: question.jsonl files or folders, names ({', '.join(STANDARD_SUITES)}, all) or Hub dataset ids")
+    g.add_argument("--bench-dir", default=None, help="folder with <suite>.jsonl or <suite>/question.jsonl files (also $EAGLE3_HUB_BENCH_DIR)")
+    g.add_argument("--num-questions", type=int, default=None, help="first N questions of each suite")
+    g.add_argument("--methods", default="plain,lookup,assisted,tree", help=f"comma-separated from {', '.join(METHOD_NAMES)}")
+    g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--max-turns", type=int, default=None, help="user turns per question (MT-bench has 2; 1 = first turns only)")
+    g.add_argument("--temperature", default="0", help="comma-separated; 0 = greedy (with the lossless check). E.g. 0,0.7")
+    g.add_argument("--top-p", type=float, default=1.0)
+    g.add_argument("--top-k", type=int, default=0)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for 'lookup'")
+    g.add_argument("--assistant-tokens", type=int, default=None, help="num_assistant_tokens for 'assisted' and 'assistant'")
+    g.add_argument("--warmup", type=int, default=1, help="warm-up rounds (every method on the first question) before measuring")
+    g = parser.add_argument_group("tree decoding")
+    g.add_argument("--depth", default=None, help="draft depth (comma-separated list with --sweep)")
+    g.add_argument("--tree-top-k", default=None, help="candidates per node (list with --sweep)")
+    g.add_argument("--total-tokens", default=None, help="tree size verified per step (list with --sweep)")
+    g.add_argument("--tree-lookup-tokens", default=None,
+                   help="tokens copied from the text so far as one more branch of the tree, greedy only; 0 = none (list with --sweep)")
+    g.add_argument("--min-node-prob", default=None,
+                   help="keep only tree nodes whose cumulative draft probability reaches this; 0 = always --total-tokens (list with --sweep)")
+    g.add_argument("--grow-min-prob", default=None,
+                   help="draft a further tree level (up to --depth) only while a frontier node's cumulative draft probability "
+                        "reaches this; 0 = always --depth levels (list with --sweep)")
+    g.add_argument("--trees", default=None,
+                   help="tree settings to compare in one run, ';'-separated, each key=value,... over "
+                        f"{', '.join(TREE_KEYS)} (e.g. 'depth=3;depth=8,grow_min_prob=0.3'); replaces the per-key lists")
+    g.add_argument("--sweep", action="store_true", help="try every combination of --depth/--tree-top-k/--total-tokens and report the best for this device")
+    g = parser.add_argument_group("output")
+    g.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and bench.png")
+    g.add_argument("--no-chart", action="store_true")
+    g.add_argument("--save-outputs", action="store_true", help="keep every generated token id in bench.json")
+    g.add_argument("--no-float32-check", action="store_true", help="in bf16/fp16: skip scoring the greedy outputs with a float32 copy of the target (it needs memory for that copy)")
+    g.add_argument("--strict", action="store_true", help="exit with status 1 when a greedy output differs from plain greedy")
+    g.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def tree_grid_from_args(args) -> list[dict]:
+    """The tree settings to run: ``--trees`` as listed, else every combination of the per-key lists."""
+    return tree_grid(getattr(args, "trees", None),
+                     **{key: getattr(args, flag, None) for flag, key in TREE_FLAGS.items()})
+
+
+def methods_from_args(args) -> list[str]:
+    """``--methods`` plus what the other flags imply (``--assistant-model``, ``--trees``, ``--sweep``)."""
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    unknown = [m for m in methods if m not in METHOD_NAMES]
+    if unknown:
+        raise ValueError(f"--methods: unknown method(s) {', '.join(map(repr, unknown))}: choose from {', '.join(METHOD_NAMES)}")
+    if args.assistant_model and "assistant" not in methods:
+        methods.append("assistant")
+    if "assistant" in methods and not args.assistant_model:
+        raise ValueError("Method 'assistant' runs a small model as a classic assistant: pass --assistant-model ID_OR_FOLDER.")
+    if (args.trees or args.sweep) and "tree" not in methods:
+        methods.append("tree")
+    return methods
+
+
+def _check_numbers(args):
+    for flag in ("max_new_tokens", "num_questions", "max_turns"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
+
+
+def run(args) -> int:
+    from ..benchmark.bench import Mode, load_models, resolve_draft, run_benchmark
+    from ..benchmark.report import print_report, write_report
+    from ..benchmark.suites import load_suites
+    from ..devices import resolve_device_dtype
+
+    _check_numbers(args)
+    methods = methods_from_args(args)
+    if args.sweep and not args.trees:
+        for key, default in SWEEP_DEFAULTS.items():
+            if getattr(args, key) is None:
+                setattr(args, key, default)
+    try:
+        temperatures = [float(t) for t in str(args.temperature).split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--temperature takes comma-separated numbers (0 = greedy), got {args.temperature!r}") from None
+    if any(t < 0 for t in temperatures) or not temperatures:
+        raise ValueError(f"--temperature takes numbers >= 0 (0 = greedy), got {args.temperature!r}")
+    modes = [Mode(t, args.top_p, args.top_k) for t in temperatures]
+    grid = tree_grid_from_args(args) if "tree" in methods else None
+    draft_path = resolve_draft(args.draft, args.target, methods)
+    suites = load_suites(args.suite, bench_dir=args.bench_dir, num_questions=args.num_questions)
+    device, dtype = resolve_device_dtype(args.device, args.dtype)
+    target, tokenizer, draft, assistant, assistant_tok = load_models(
+        args.target, draft_path, device, dtype, assistant_model=args.assistant_model,
+        assistant_tokens=args.assistant_tokens, allow_pickle=args.allow_pickle,
+    )
+    results = run_benchmark(
+        target, tokenizer, suites, methods=methods, draft=draft, assistant=assistant,
+        assistant_tokenizer=assistant_tok, modes=modes, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
+        tree_grid=grid, lookup_tokens=args.lookup_tokens, warmup=args.warmup, seed=args.seed,
+        progress=not args.quiet, keep_outputs=args.save_outputs, float32_check=not args.no_float32_check,
+    )
+    results["settings"].update(
+        target=args.target or "smollm2-135m-instruct",
+        draft=draft_path,
+        assistant_model=args.assistant_model,
+    )
+    paths = write_report(results, args.out, chart=not args.no_chart)
+    print_report(results, paths)
+    failed = any(not e["lossless"] for e in results["lossless"].values())
+    return 1 if (failed and args.strict) else 0
