@@ -7,12 +7,26 @@ Aux-layer convention
 --------------------
 ``eagle_config["eagle_aux_hidden_state_layer_ids"]`` lists 0-based target decoder layers whose **output**
 is captured (``hidden_states[i + 1]`` of ``output_hidden_states=True``). This is the convention of
-SpecForge, ModelOpt and SGLang (SGLang adds 1 to get the index of the layer whose *input* it captures).
-The EAGLE-3 reference captures the input of layers ``2, L//2, L-3``, which is the output of layers
-``1, L//2-1, L-4``: our default.
+SpecForge, ModelOpt and SGLang's Llama/Qwen path (SGLang adds 1 to get the index of the layer whose *input* it
+captures). The EAGLE-3 reference captures the input of layers ``2, L//2, L-3``, which is the output of layers
+``1, L//2-1, L-4``: our default. Published drafts do not all agree (some store the reference's *input* ids in
+``eagle_config``), so every config we write says ``"aux_layer_convention": "output"``, and a config that says
+``"input"`` is converted when it is read.
+
+Variants (keys and meanings as vLLM, SGLang and speculators read them)
+-----------------------------------------------------------------------
+``norm_before_residual``: the residual of the attention block is ``hidden_norm(feature)`` instead of the raw
+feature. ``norm_before_fc``: one RMSNorm over the concatenated target features before ``fc`` (tensor
+``input_norm``). ``fc_norm`` (EAGLE 3.1): one RMSNorm per target feature before ``fc`` (tensors ``fc_norm.{i}``).
+``norm_output`` (EAGLE 3.1 post-norm feedback): the next draft step reads ``norm(h)`` instead of ``h``.
 """
 
 from transformers import PretrainedConfig
+
+AUX_LAYER_CONVENTIONS = ("output", "input")
+# written to every config.json even at their default value: engines default some of them differently
+# (vLLM reads a speculators config without norm_before_residual as True), so a folder must not leave them implicit
+EXPLICIT_KEYS = ("aux_layer_convention", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
 
 
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:
@@ -38,6 +52,10 @@ class Eagle3Config(PretrainedConfig):
         eagle_config: ``{"eagle_aux_hidden_state_layer_ids": [...], "use_aux_hidden_state": True}``; ids are
             target decoder layer *outputs* (see module docstring).
         target_num_hidden_layers: number of decoder layers of the target the draft was sized for.
+        aux_layer_convention: how the given ``eagle_config`` ids count: ``"output"`` (ours, kept) or ``"input"``
+            (id i = the input of layer i, converted to ``i - 1``). Always saved as ``"output"``.
+        norm_before_residual, norm_before_fc, fc_norm, norm_output: the EAGLE-3 variants (module docstring);
+            all False is the EAGLE-3 reference.
     """
 
     model_type = "eagle3_draft"
@@ -65,6 +83,11 @@ class Eagle3Config(PretrainedConfig):
         eagle_config: dict | None = None,
         target_num_hidden_layers: int | None = None,
         target_model_type: str | None = None,
+        aux_layer_convention: str | None = None,
+        norm_before_residual: bool = False,
+        norm_before_fc: bool = False,
+        fc_norm: bool = False,
+        norm_output: bool = False,
         pad_token_id: int | None = None,
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
@@ -98,6 +121,21 @@ class Eagle3Config(PretrainedConfig):
         self.initializer_range = initializer_range
         self.eagle_config = dict(eagle_config) if eagle_config else {}
         self.eagle_config.setdefault("use_aux_hidden_state", True)
+        if aux_layer_convention not in (None, *AUX_LAYER_CONVENTIONS):
+            raise ValueError(f"aux_layer_convention must be 'output' or 'input', got {aux_layer_convention!r}")
+        ids = self.eagle_config.get("eagle_aux_hidden_state_layer_ids")
+        if aux_layer_convention == "input" and ids is not None:
+            if any(int(i) < 1 for i in ids):
+                raise ValueError(
+                    f"eagle_aux_hidden_state_layer_ids={list(ids)} are said to be layer inputs, but input 0 is the "
+                    "embedding output, not a decoder layer's: fix the ids or aux_layer_convention."
+                )
+            self.eagle_config["eagle_aux_hidden_state_layer_ids"] = [int(i) - 1 for i in ids]
+        self.aux_layer_convention = "output"  # the stored ids are always layer outputs
+        self.norm_before_residual = bool(norm_before_residual)
+        self.norm_before_fc = bool(norm_before_fc)
+        self.fc_norm = bool(fc_norm)
+        self.norm_output = bool(norm_output)
         self.target_num_hidden_layers = target_num_hidden_layers
         self.target_model_type = target_model_type
         super().__init__(
@@ -123,4 +161,10 @@ class Eagle3Config(PretrainedConfig):
         rope = dict(self.rope_parameters)
         out["rope_theta"] = rope.pop("rope_theta", 10000.0)
         out["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+        return out
+
+    def to_diff_dict(self):
+        out = super().to_diff_dict()
+        for key in EXPLICIT_KEYS:
+            out[key] = getattr(self, key)
         return out

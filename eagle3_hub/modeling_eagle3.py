@@ -140,6 +140,7 @@ class Eagle3DecoderLayer(nn.Module):
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.norm_before_residual = config.norm_before_residual
 
     def forward(
         self,
@@ -151,8 +152,9 @@ class Eagle3DecoderLayer(nn.Module):
         ttt_cache: list | None = None,
         ttt_step: int = 0,
     ) -> torch.Tensor:
-        residual = hidden_states
-        x = torch.cat([self.input_layernorm(input_embeds), self.hidden_norm(hidden_states)], dim=-1)  # (b, s, 2H)
+        normed = self.hidden_norm(hidden_states)
+        residual = normed if self.norm_before_residual else hidden_states  # the reference keeps the raw feature
+        x = torch.cat([self.input_layernorm(input_embeds), normed], dim=-1)  # (b, s, 2H)
         hidden_states = residual + self.self_attn(x, position_embeddings, attention_mask, cache, ttt_cache, ttt_step)
         residual = hidden_states
         hidden_states = residual + self.mlp(self.post_attention_layernorm(hidden_states))
@@ -186,7 +188,13 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         H = config.hidden_size
         self.embed_tokens = nn.Embedding(config.vocab_size, H, padding_idx=None)
         self.embed_tokens.weight.requires_grad_(False)  # the target's embedding, frozen
-        self.fc = nn.Linear(3 * config.target_hidden_size, H, bias=False)
+        Ht = config.target_hidden_size
+        # EAGLE-3 variants that normalise the target features before fc (vLLM / SGLang / SpecForge names)
+        self.input_norm = LlamaRMSNorm(3 * Ht, eps=config.rms_norm_eps) if config.norm_before_fc else None
+        self.fc_norm = (
+            nn.ModuleList([LlamaRMSNorm(Ht, eps=config.rms_norm_eps) for _ in range(3)]) if config.fc_norm else None
+        )
+        self.fc = nn.Linear(3 * Ht, H, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
         self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
@@ -229,12 +237,17 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
 
     def fuse(self, target_hidden_states: torch.Tensor) -> torch.Tensor:
         """(b, s, 3*Ht) concatenated aux-layer features -> (b, s, H)."""
-        return self.fc(target_hidden_states.to(self.fc.weight.dtype))
+        x = target_hidden_states.to(self.fc.weight.dtype)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        if self.fc_norm is not None:  # EAGLE 3.1: each target layer's feature normalised on its own
+            x = torch.cat([norm(chunk) for norm, chunk in zip(self.fc_norm, x.chunk(3, dim=-1))], dim=-1)
+        return self.fc(x)
 
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,  # (b, s): the token *after* each feature's position
-        hidden_states: torch.Tensor | None = None,  # (b, s, H): fused feature or previous draft output
+        hidden_states: torch.Tensor | None = None,  # (b, s, H): the previous step's `out.hidden_states` (pre-norm)
         target_hidden_states: torch.Tensor | None = None,  # (b, s, 3*Ht): raw aux features, fused by fc
         position_ids: torch.LongTensor | None = None,  # (b, s)
         attention_mask: torch.Tensor | None = None,  # None (causal) or (b, 1, s, kv) additive float
@@ -255,6 +268,8 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
                     f"3 * target_hidden_size = {3 * self.config.target_hidden_size}: was the draft made for this target?"
                 )
             hidden_states = self.fuse(target_hidden_states)
+        elif self.config.norm_output:  # EAGLE 3.1 post-norm feedback: the next step reads norm(h)
+            hidden_states = self.norm(hidden_states)
         if inputs_embeds is None:
             if not self._embedding_from_target and self._embedding_missing:
                 raise RuntimeError(
@@ -296,12 +311,9 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         speculators layouts. ``target=`` binds it (embedding from the target, feature hooks)."""
         kwargs.setdefault("use_safetensors", True)  # never unpickle weights
         model = None
-        try:
-            from eagle3_hub.formats import load_foreign_draft  # only present with the package installed
-        except ImportError:
-            load_foreign_draft = None
-        if load_foreign_draft is not None:
-            model = load_foreign_draft(cls, pretrained_model_name_or_path, *args, target=target, **kwargs)
+        load_foreign = _layout_hooks().get("load")
+        if load_foreign is not None:
+            model = load_foreign(cls, pretrained_model_name_or_path, *args, target=target, **kwargs)
         if model is None:
             output_loading_info = kwargs.pop("output_loading_info", False)
             model, info = super().from_pretrained(pretrained_model_name_or_path, *args, output_loading_info=True, **kwargs)
@@ -309,11 +321,14 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
             if output_loading_info:
                 return model, info
         if target is not None:
-            model.bind(target)
+            (model[0] if isinstance(model, tuple) else model).bind(target)
         return model
 
     def _check_loading_info(self, info: dict):
-        missing = [k for k in info.get("missing_keys", []) if k != "embed_tokens.weight"]
+        optional = {"embed_tokens.weight"}
+        if self.config.draft_vocab_size == self.config.vocab_size:
+            optional |= {"d2t", "t2d"}  # full vocabulary: the identity map, not stored
+        missing = [k for k in info.get("missing_keys", []) if k not in optional]
         mismatched = info.get("mismatched_keys", [])
         if missing or mismatched:
             raise ValueError(
@@ -321,6 +336,14 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
                 f"misshaped tensors {[m[0] if isinstance(m, tuple) else m for m in mismatched]}. "
                 "Check that it is an EAGLE-3 draft and that its config.json matches its weights."
             )
+        if self.d2t.numel() and not self.d2t.is_meta:
+            target_ids = self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
+            if int(target_ids.min()) < 0 or int(target_ids.max()) >= self.config.vocab_size:
+                raise ValueError(
+                    f"This checkpoint's d2t maps draft ids to target ids {int(target_ids.min())}..{int(target_ids.max())}, "
+                    f"outside its vocab_size {self.config.vocab_size}: the vocabulary map is broken. Re-export the draft "
+                    "(draft.set_vocab_mapping(target_ids))."
+                )
         # `embed_tokens.weight` is in `_keys_to_ignore_on_load_missing`, so transformers leaves it out of
         # `missing_keys`; a loaded tensor carries `_is_hf_initialized`, a newly initialised one does not
         self._embedding_missing = "embed_tokens.weight" in info.get("missing_keys", []) or not getattr(
@@ -339,10 +362,8 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         if state_dict is None:
             state_dict = {k: v for k, v in self.state_dict().items() if save_embeddings or k != "embed_tokens.weight"}
         self.config.architectures = ["Eagle3DraftModel"]
-        try:  # both in the try: remote-code loading must not list eagle3_hub as a required import
-            from eagle3_hub.formats import finish_save, prepare_save
-        except ImportError:
-            prepare_save = finish_save = None
+        hooks = _layout_hooks()
+        prepare_save, finish_save = hooks.get("prepare_save"), hooks.get("finish_save")
         if prepare_save is not None:
             prepare_save(self)
         out = super().save_pretrained(save_directory, *args, state_dict=state_dict, **kwargs)
@@ -375,15 +396,57 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
             model.embed_tokens.weight.copy_(emb[: config.vocab_size])
         return model
 
+    def check_fits(self, target):
+        """Raise one ``ValueError`` line naming every way this draft does not fit ``target`` (any causal LM):
+        feature width, vocabulary, aux layers, the vocabulary map and the embedding. The one fit rule of
+        eagle3-hub: binding, tree decoding, the CLI and the demo all call it."""
+        cfg = target.config.get_text_config()
+        dc = self.config
+        problems = []
+        if cfg.hidden_size != dc.target_hidden_size:
+            problems.append(
+                f"the draft reads features of width {dc.target_hidden_size}, the target's hidden size is {cfg.hidden_size}"
+            )
+        if cfg.vocab_size != dc.vocab_size:
+            problems.append(f"the draft maps to a vocabulary of {dc.vocab_size} tokens, the target has {cfg.vocab_size}")
+        L = cfg.num_hidden_layers
+        ids = dc.aux_layer_ids
+        if ids is None:
+            problems.append(
+                "the draft lists no aux layers (set draft.config.aux_layer_ids, or load it with target= or aux_layer_ids=)"
+            )
+        elif len(ids) != 3 or any(not 0 <= int(i) < L for i in ids):
+            problems.append(f"aux layers {ids} do not exist in a target with {L} decoder layers")
+        elif dc.target_num_hidden_layers not in (None, L):
+            problems.append(f"the draft was sized for a target with {dc.target_num_hidden_layers} layers, this one has {L}")
+        if not self.d2t.is_meta and self.d2t.numel():
+            target_ids = self.d2t + torch.arange(self.d2t.numel(), device=self.d2t.device)
+            lo, hi = int(target_ids.min()), int(target_ids.max())
+            if lo < 0 or hi >= cfg.vocab_size:
+                problems.append(
+                    f"its d2t map sends draft ids to target ids {lo}..{hi}, outside the target's {cfg.vocab_size} tokens "
+                    "(a broken or foreign vocabulary map)"
+                )
+        if self._embedding_missing and not self._embedding_from_target:
+            emb = target.get_input_embeddings() if hasattr(target, "get_input_embeddings") else None
+            weight = getattr(emb, "weight", None)
+            if weight is None or weight.ndim != 2 or weight.shape[1] != dc.hidden_size or weight.shape[0] < dc.vocab_size:
+                shape = None if weight is None else list(weight.shape)
+                problems.append(
+                    f"the draft has no embed_tokens.weight and the target's input embedding {shape} cannot stand in "
+                    f"for one of [{dc.vocab_size}, {dc.hidden_size}]"
+                )
+        if problems:
+            raise ValueError(
+                "This draft does not fit the target: " + "; ".join(problems) + ". Use a draft trained for this "
+                "target (or train one: `eagle3-hub train --target ...`)."
+            )
+
     def bind(self, target):
-        """Attach to ``target``: share its embedding when the draft has none, check that the two fit, and
+        """Attach to ``target``: check that the two fit, share its embedding when the draft has none, and
         register the feature hooks used by assisted generation."""
+        self.check_fits(target)
         from_target = False
-        try:
-            from eagle3_hub.targets import check_draft_fits_target
-        except ImportError:
-            check_draft_fits_target = _check_fits_minimal
-        check_draft_fits_target(self, target)
         if self._embedding_missing or self._embedding_from_target:
             emb = target.get_input_embeddings().weight
             self.embed_tokens.weight = nn.Parameter(emb.detach()[: self.config.vocab_size], requires_grad=False)
@@ -394,13 +457,29 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         return self
 
 
-def _check_fits_minimal(draft, target):
-    cfg = target.config.get_text_config()
-    if cfg.hidden_size != draft.config.target_hidden_size or cfg.vocab_size < draft.config.vocab_size:
-        raise ValueError(
-            f"Draft (target_hidden_size={draft.config.target_hidden_size}, vocab_size={draft.config.vocab_size}) "
-            f"does not fit this target (hidden_size={cfg.hidden_size}, vocab_size={cfg.vocab_size})."
-        )
+# What eagle3_hub.formats adds when the package is imported: loading the foreign layouts ("load"), checks and
+# engine keys around saving ("prepare_save", "finish_save"). The model file never imports formats (the code
+# is also shipped alone as remote code); formats registers itself here.
+_LAYOUT_HOOKS: dict = {}
 
 
-__all__ = ["Eagle3DraftModel", "Eagle3PreTrainedModel", "Eagle3DraftOutput"]
+def register_layout_hooks(**hooks):
+    """``load(cls, path, *args, target=None, **kwargs)`` returns a model or None (transformers loads it);
+    ``prepare_save(model)`` and ``finish_save(model, folder)`` run around ``save_pretrained``."""
+    unknown = set(hooks) - {"load", "prepare_save", "finish_save"}
+    if unknown:
+        raise ValueError(f"unknown layout hooks {sorted(unknown)}")
+    _LAYOUT_HOOKS.update(hooks)
+
+
+def _layout_hooks() -> dict:
+    # Transitional: until `eagle3_hub/__init__.py` imports `eagle3_hub.formats` (which registers the hooks),
+    # a package install triggers that registration here once. Remote-code copies have no package: no hooks.
+    if not _LAYOUT_HOOKS and __package__ == "eagle3_hub":
+        import importlib
+
+        importlib.import_module("eagle3_hub.formats")
+    return _LAYOUT_HOOKS
+
+
+__all__ = ["Eagle3DraftModel", "Eagle3PreTrainedModel", "Eagle3DraftOutput", "register_layout_hooks"]

@@ -20,6 +20,7 @@ from transformers import AutoModel
 
 from eagle3_hub import Eagle3DraftModel
 from eagle3_hub import formats
+from eagle3_hub.commands import convert as convert_command
 from tests.engine_spec import sglang_aux_layer_inputs, sglang_problems, vllm_aux_layer_inputs, vllm_problems
 from tests.tiny_models import make_tiny_target
 
@@ -71,8 +72,8 @@ def native(tmp_path_factory, draft):
 
 def convert_cli(*argv):
     parser = argparse.ArgumentParser()
-    formats.add_arguments(parser)
-    return formats.run(parser.parse_args([str(a) for a in argv]))
+    convert_command.add_arguments(parser)
+    return convert_command.run(parser.parse_args([str(a) for a in argv]))
 
 
 # ------------------------------------------------------------------------------ synthetic foreign layouts
@@ -499,13 +500,13 @@ def test_disagreeing_aux_keys_are_refused(native, tmp_path):
         Eagle3DraftModel.from_pretrained(folder)
 
 
-@pytest.mark.parametrize("flag", ["norm_before_residual", "fc_norm", "norm_before_fc"])
-def test_unsupported_variants_are_refused(deep_draft, tmp_path, flag):
+@pytest.mark.parametrize("flag, tensors", [("fc_norm", "fc_norm.0.weight"), ("norm_before_fc", "input_norm.weight")])
+def test_variant_flag_without_its_tensors_is_refused(deep_draft, tmp_path, flag, tensors):
     folder = write_foreign(deep_draft, tmp_path / "spec", "speculators")
     config = json.loads((folder / "config.json").read_text())
     config[flag] = True
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=f"{flag}=True.*does not implement"):
+    with pytest.raises(ValueError, match=rf"(?s)missing tensors: \[.*'{tensors}'.*fc_norm / norm_before_fc"):
         Eagle3DraftModel.from_pretrained(folder)
 
 
