@@ -95,8 +95,24 @@ def _converted_gguf(folder: Path, gguf_file: str) -> Path:
     return out
 
 
+def looks_like_path(spec: str) -> bool:
+    """Whether a model spec is meant as a local path, not a Hub id (``owner/name``)."""
+    spec = str(spec)
+    return (spec.startswith(("/", "./", "../", "~", ".\\")) or spec.count("/") > 1 or "\\" in spec
+            or spec.endswith((".gguf", ".json", ".safetensors")))
+
+
+def check_model_path(spec: str | None, what: str = "Target") -> None:
+    """A clear ``FileNotFoundError`` for a model given as a local path that does not exist (before anything loads);
+    Hub ids and the embedded names pass."""
+    if spec and not is_embedded(spec) and looks_like_path(spec) and not Path(spec).expanduser().exists():
+        raise FileNotFoundError(f"{what} {spec} does not exist: pass a model folder, a .gguf file or a Hub repo id "
+                                "(owner/name)")
+
+
 def resolve_target(name: str | None, gguf_file: str | None = None) -> tuple[str, str | None]:
     """(path or repo id, gguf file) for a target spec; ``None`` or ``smollm2-135m-instruct`` is the embedded one."""
+    check_model_path(name)
     if is_embedded(name):
         return str(_converted_gguf(embedded_gguf_dir(), EMBEDDED_GGUF)), None
     if gguf_file is None and str(name).endswith(".gguf") and Path(name).is_file():
@@ -154,8 +170,11 @@ def load_target(
         if adapter is not None:
             check_no_pickles(adapter, "Adapter")
         safe = {"use_safetensors": True}  # a Hub repo with pickles only: transformers refuses it too
-    tokenizer = AutoTokenizer.from_pretrained(adapter or path)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **safe)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(adapter or path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attn_implementation, **safe)
+    except OSError as e:  # transformers' message does not always name what it tried to load
+        raise OSError(f"Could not load the target {name or EMBEDDED_TARGET!r}: {e}") from e
     if adapter is not None:
         from peft import PeftModel
 

@@ -754,6 +754,8 @@ def load_models(target: str | None, draft_path: str | None, device: torch.device
     ``allow_pickle``: also load target / assistant checkpoints stored as pickles (``.bin``); drafts never."""
     from ..targets import check_no_pickles, load_target
 
+    if assistant_model and not allow_pickle:  # before the target loads: a refusal should not take minutes
+        check_no_pickles(assistant_model, "Assistant model")
     target_model, tokenizer = load_target(target, dtype=dtype, device=device, allow_pickle=allow_pickle)
     draft = None
     if draft_path is not None:
@@ -768,10 +770,7 @@ def load_models(target: str | None, draft_path: str | None, device: torch.device
     if assistant_model:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        safe = {}
-        if not allow_pickle:
-            check_no_pickles(assistant_model, "Assistant model")
-            safe = {"use_safetensors": True}
+        safe = {} if allow_pickle else {"use_safetensors": True}
         assistant = AutoModelForCausalLM.from_pretrained(assistant_model, dtype=dtype, **safe).to(device).eval()
         if assistant.config.get_text_config().vocab_size != target_model.config.get_text_config().vocab_size:
             assistant_tok = AutoTokenizer.from_pretrained(assistant_model)

@@ -99,8 +99,11 @@ def run(args) -> int:
     from ..benchmark.report import print_report, write_report
     from ..benchmark.suites import load_suites
     from ..devices import resolve_device_dtype
+    from ..targets import check_model_path
 
     _check_numbers(args)
+    for spec, what in ((args.target, "Target"), (args.draft, "Draft"), (args.assistant_model, "Assistant model")):
+        check_model_path(spec, what)
     methods = methods_from_args(args)
     if args.sweep and not args.trees:
         for key, default in SWEEP_DEFAULTS.items():

@@ -102,8 +102,10 @@ def run(args: argparse.Namespace) -> int:
     from ..devices import resolve_device_dtype
     from ..generation.tree_decoding import generate
     from ..modeling_eagle3 import Eagle3DraftModel
-    from ..targets import load_target
+    from ..targets import check_model_path, load_target
 
+    check_model_path(args.target, "Target")
+    check_model_path(args.draft, "Draft")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     draft_path = args.draft or default_draft(args.target, "eagle3-hub generate")
