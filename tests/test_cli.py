@@ -202,3 +202,38 @@ def test_allow_pickle_is_the_callers_word(tmp_path):
     loaded, _ = load_target(str(folder), allow_pickle=True)
     key = "model.embed_tokens.weight"
     assert torch.equal(loaded.state_dict()[key], model.state_dict()[key])
+
+
+# ----------------------------------------------------------------------------------------- one place each
+def test_device_and_dtype_have_one_place(monkeypatch):
+    """targets' names are devices' own (re-exports, not copies), and every command's ``auto`` follows devices."""
+    import torch
+
+    from eagle3_hub import devices, targets
+
+    assert targets.default_dtype is devices.default_dtype and targets.cpu_has_bf16_units is devices.cpu_has_bf16_units
+    monkeypatch.setattr(devices, "cpu_has_bf16_units", lambda: True)
+    assert targets.default_dtype("cpu") == torch.bfloat16
+    assert devices.resolve_device_dtype("cpu", "auto") == (torch.device("cpu"), torch.bfloat16)
+    monkeypatch.setattr(devices, "cpu_has_bf16_units", lambda: False)
+    assert devices.resolve_device_dtype("cpu", "auto") == (torch.device("cpu"), torch.float32)
+    assert devices.resolve_device_dtype("cpu", "bfloat16")[1] == torch.bfloat16
+    import eagle3_hub.benchmark.bench as bench_lib
+    import eagle3_hub.demo as demo
+
+    for module in (bench_lib, demo):  # no private copies left
+        assert not hasattr(module, "_resolve_device_dtype") and not hasattr(module, "_pick_device")
+
+
+def test_reference_draft_has_one_place():
+    from eagle3_hub import targets
+    from eagle3_hub.demo import ModelPair, resolve_draft
+
+    assert targets.reference_draft() == targets.REFERENCE_DRAFT_ROOT / targets.EMBEDDED_TARGET
+    assert targets.reference_draft("owner/name").parent == targets.REFERENCE_DRAFT_ROOT  # never outside it
+    assert targets.reference_draft("/abs/path/model").parent == targets.REFERENCE_DRAFT_ROOT
+    if (targets.reference_draft() / "config.json").is_file():
+        assert targets.default_draft(None) == str(targets.reference_draft())
+        assert resolve_draft(ModelPair(name="p")) == str(targets.reference_draft())
+    with pytest.raises(ValueError, match="needs an EAGLE-3 draft for owner/name.*--draft"):
+        targets.default_draft("owner/name")
