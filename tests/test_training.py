@@ -112,7 +112,8 @@ def recipe_for(tmp_path: Path, target_dir: Path, sources: list, **sections) -> d
     recipe = {
         "target": {"name": str(target_dir), "dtype": "float32"},
         "draft": {"draft_vocab_size": 256},
-        "data": {"sources": [str(s) if isinstance(s, Path) else s for s in sources], "regenerate": False,
+        # answers written by the target: the loss trains on its own tokens (foreign answers mask nearly every position)
+        "data": {"sources": [str(s) if isinstance(s, Path) else s for s in sources], "regenerate": True, "max_new_tokens": 12,
                  "max_length": 64, "eval_samples": 4},
         "train": {"ttt_steps": 3, "max_steps": 6, "batch_size": 4, "warmup_steps": 2, "save_every": 3,
                   "eval_every": 3, "log_every": 1, "num_threads": 1},

@@ -88,15 +88,28 @@ RecipeLoader.add_implicit_resolver(
 )
 
 
-def _load_yaml(text):
-    return yaml.load(text, Loader=RecipeLoader)
+def _load_yaml(text, where: str = "the recipe"):
+    """YAML 1.2-style parsing; a syntax error becomes one ValueError naming ``where``, the line and the fix."""
+    try:
+        return yaml.load(text, Loader=RecipeLoader)
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = " ".join(str(e.problem or e.context or "").split())
+        raise ValueError(f"{where} is not valid YAML{at}: {problem}. Fix that line (`key: value` pairs, nested sections "
+                         "indented by two spaces; quote a value that holds ': ' or ' #').") from None
+    except yaml.YAMLError as e:
+        raise ValueError(f"{where} is not valid YAML: {' '.join(str(e).split())}") from None
 
 
 def _merge(base: dict, update: dict, path: str = "") -> dict:
     for key, value in update.items():
         if key not in base:
             raise KeyError(f"Unknown recipe key `{path}{key}`. Known keys: {', '.join(path + k for k in base)}")
-        if isinstance(base[key], dict) and isinstance(value, dict):
+        if isinstance(base[key], dict) and not isinstance(value, dict):
+            raise ValueError(f"`{path}{key}` is a section of keys ({', '.join(base[key])}), got {value!r}: write them "
+                             f"indented under `{key}:`.")
+        if isinstance(base[key], dict):
             _merge(base[key], value, f"{path}{key}.")
         else:
             base[key] = value
@@ -123,7 +136,7 @@ def parse_overrides(pairs: list[str]) -> dict:
         keys = flag[2:].replace("-", "_").split(".")
         for k in keys[:-1]:
             node = node.setdefault(k, {})
-        node[keys[-1]] = _load_yaml(raw)
+        node[keys[-1]] = _load_yaml(raw, f"the value of {flag}")
     return out
 
 
@@ -131,7 +144,11 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -
     recipe = copy.deepcopy(DEFAULTS)
     if path is not None:
         with open(path) as f:
-            _merge(recipe, _load_yaml(f) or {})
+            loaded = _load_yaml(f, str(path)) or {}
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path} must hold sections of keys (`train:`, `data:`, ...), not a {type(loaded).__name__}: "
+                             "see recipes/ for examples.")
+        _merge(recipe, loaded)
     if overrides:
         _merge(recipe, overrides)
     if recipe["output_dir"] is None:

@@ -179,13 +179,40 @@ def evaluate(draft, target, loader, recipe, features, accelerator) -> dict:
         with accelerator.autocast():
             out = ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
                            ttt_steps=t["ttt_steps"], step_weight=t["step_weight"])
-        vals = [out.loss.detach() * out.chain_count, out.step_correct, out.step_count, out.chain_correct, out.chain_count]
+        vals = [out.loss.detach() * out.chain_count, out.step_correct, out.step_count, out.chain_correct, out.chain_count,
+                out.step_trained]
         sums = vals if sums is None else [a + b for a, b in zip(sums, vals)]
     draft.train()
     sums = [accelerator.reduce(v.float(), "sum") for v in sums]
     m = acceptance_metrics(sums[1], sums[2], sums[3], sums[4])
     m["loss"] = (sums[0] / sums[4].clamp(min=1)).item()
+    m["masked_share"] = masked_share(sums[2].sum(), sums[5].sum())
     return m
+
+
+# Positions whose target token lies outside the draft vocabulary are masked out of the loss. Answers written by the
+# target itself keep that share near the vocabulary's coverage gap; a high share means the data's answers are not the
+# target's (data.regenerate: false on foreign data), and a run masking nearly everything trains on nothing.
+MASKED_WARN, MASKED_STOP, MASKED_CHECK_STEPS = 0.25, 0.99, 10
+
+
+def masked_share(scored, trained) -> float:
+    scored, trained = float(scored), float(trained)
+    return 1.0 - trained / scored if scored else 0.0
+
+
+def check_masked_share(share: float, steps: int, recipe: dict, vocab_size: int) -> str | None:
+    """Stop a run that trains on (nearly) nothing (ValueError), or return a warning for one that masks much."""
+    if share < MASKED_WARN:
+        return None
+    d = recipe["draft"]
+    fix = ("set data.regenerate: true so that the target writes the answers"
+           + (", or draft.reselect_vocab: true" if d["init_from"] else ", or raise draft.draft_vocab_size"))
+    what = (f"{share:.1%} of the positions to learn in the first {steps} step(s) are masked out: the target's next "
+            f"token there lies outside the draft vocabulary ({vocab_size} tokens)")
+    if share >= MASKED_STOP:
+        raise ValueError(f"{what}, so the draft learns (nearly) nothing. The data's answers are not the target's own: {fix}.")
+    return f"[warn] {what}. If the data's answers were not written by this target: {fix}."
 
 
 # ------------------------------------------------------------------------------------------------- main
@@ -441,9 +468,11 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
         m = evaluate(draft, target, eval_loader, recipe, get_features, accelerator)
         history.append({"step": at_step, **m})
         accelerator.log({"eval/loss": m["loss"], "eval/acceptance_length": m["expected_acceptance_length"],
+                         "eval/masked_share": m["masked_share"],
                          **{f"eval/acc_{k}": a for k, a in enumerate(m["step_accuracy"])}}, step=at_step)
         accelerator.print(f"[eval] step {at_step}: loss {m['loss']:.3f}, expected acceptance length "
-                          f"{m['expected_acceptance_length']:.2f}, step accuracy " + " ".join(f"{a:.2f}" for a in m["step_accuracy"]))
+                          f"{m['expected_acceptance_length']:.2f}, step accuracy " + " ".join(f"{a:.2f}" for a in m["step_accuracy"])
+                          + f", masked {m['masked_share']:.1%}")
         if accelerator.is_main_process:
             atomic_write_json(eval_path, {"eval_history": history})
 
@@ -451,51 +480,63 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
         run_eval(0)
     bar = tqdm(total=total_steps, initial=step, desc="train", unit="step", disable=not accelerator.is_local_main_process)
     tokens_seen, t0 = 0, time.time()
-    while step < total_steps:
-        if hasattr(train_loader, "set_epoch"):
-            train_loader.set_epoch(epoch)
-        g.manual_seed(t["seed"] + epoch)  # the shuffle of each epoch is a function of the seed alone
-        loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
-        batches_in_epoch = skip
-        for batch in loader:
-            with accelerator.accumulate(draft):
-                aux, logits = get_features(batch)
-                with accelerator.autocast():
-                    out = ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
-                                   ttt_steps=t["ttt_steps"], step_weight=t["step_weight"])
-                accelerator.backward(out.loss)
-                if accelerator.sync_gradients:
-                    accelerator.clip_grad_norm_(draft.parameters(), t["grad_clip"])
-                optimizer.step()
-                if accelerator.sync_gradients:
-                    scheduler.step()
-                optimizer.zero_grad()
-            batches_in_epoch += 1
-            tokens_seen += int(batch["attention_mask"].sum()) * accelerator.num_processes
-            if not accelerator.sync_gradients:
+    masked = torch.zeros(2)  # positions scored, positions trained, since this run (re)started
+    start_step = step
+    check_at = step + min(MASKED_CHECK_STEPS, total_steps - step)
+    try:  # the bar ends its line before any error is printed
+        while step < total_steps:
+            if hasattr(train_loader, "set_epoch"):
+                train_loader.set_epoch(epoch)
+            g.manual_seed(t["seed"] + epoch)  # the shuffle of each epoch is a function of the seed alone
+            loader = accelerator.skip_first_batches(train_loader, skip) if skip else train_loader
+            batches_in_epoch = skip
+            for batch in loader:
+                with accelerator.accumulate(draft):
+                    aux, logits = get_features(batch)
+                    with accelerator.autocast():
+                        out = ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
+                                       ttt_steps=t["ttt_steps"], step_weight=t["step_weight"])
+                    accelerator.backward(out.loss)
+                    masked += torch.stack([out.step_count.sum(), out.step_trained.sum()]).float().cpu()
+                    if accelerator.sync_gradients:
+                        accelerator.clip_grad_norm_(draft.parameters(), t["grad_clip"])
+                    optimizer.step()
+                    if accelerator.sync_gradients:
+                        scheduler.step()
+                    optimizer.zero_grad()
+                batches_in_epoch += 1
+                tokens_seen += int(batch["attention_mask"].sum()) * accelerator.num_processes
+                if not accelerator.sync_gradients:
+                    continue
+                step += 1
+                bar.update(1)
+                if step == check_at:
+                    counts = accelerator.reduce(masked.to(accelerator.device), "sum")
+                    warning = check_masked_share(masked_share(*counts.tolist()), step - start_step, recipe, len(vocab_ids))
+                    if warning:
+                        accelerator.print(warning)
+                if step % t["log_every"] == 0 or step == total_steps:
+                    acc0 = (out.step_correct[0] / out.step_count[0].clamp(min=1)).item()
+                    logs = {"loss": out.loss.item(), "acc0": acc0, "lr": scheduler.get_last_lr()[0],
+                            "tokens_per_s": tokens_seen / (time.time() - t0), "masked_share": masked_share(*masked.tolist())}
+                    bar.set_postfix(loss=f"{logs['loss']:.3f}", acc0=f"{acc0:.2f}", masked=f"{logs['masked_share']:.0%}",
+                                    tok_s=f"{logs['tokens_per_s']:.0f}")
+                    accelerator.log(logs, step=step)
+                if step % t["eval_every"] == 0 or step == total_steps:
+                    run_eval(step)
+                if step % t["save_every"] == 0 or step == total_steps:
+                    save_checkpoint(accelerator, ckpt_root, step, {"step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
+                                                                    "eval_history": history,
+                                                                    "wall_time_s": wall_before + time.time() - t0},
+                                    t["keep_checkpoints"], rid)
+                if step >= total_steps:
+                    break
+            else:
+                epoch, skip = epoch + 1, 0
                 continue
-            step += 1
-            bar.update(1)
-            if step % t["log_every"] == 0 or step == total_steps:
-                acc0 = (out.step_correct[0] / out.step_count[0].clamp(min=1)).item()
-                logs = {"loss": out.loss.item(), "acc0": acc0, "lr": scheduler.get_last_lr()[0],
-                        "tokens_per_s": tokens_seen / (time.time() - t0)}
-                bar.set_postfix(loss=f"{logs['loss']:.3f}", acc0=f"{acc0:.2f}", tok_s=f"{logs['tokens_per_s']:.0f}")
-                accelerator.log(logs, step=step)
-            if step % t["eval_every"] == 0 or step == total_steps:
-                run_eval(step)
-            if step % t["save_every"] == 0 or step == total_steps:
-                save_checkpoint(accelerator, ckpt_root, step, {"step": step, "epoch": epoch, "batches_in_epoch": batches_in_epoch,
-                                                                "eval_history": history,
-                                                                "wall_time_s": wall_before + time.time() - t0},
-                                t["keep_checkpoints"], rid)
-            if step >= total_steps:
-                break
-        else:
-            epoch, skip = epoch + 1, 0
-            continue
-        break
-    bar.close()
+            break
+    finally:
+        bar.close()
     accelerator.end_training()
     wall = wall_before + time.time() - t0
 
@@ -512,7 +553,8 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
             "steps": step,
             # the held-out split at the last step: accuracy of draft step k vs the target's argmax, and the
             # expected number of tokens per target forward when a chain of ttt_steps drafts is verified
-            "acceptance": {k: final.get(k) for k in ("step", "loss", "step_accuracy", "chain_acceptance", "expected_acceptance_length")},
+            "acceptance": {k: final.get(k) for k in ("step", "loss", "step_accuracy", "chain_acceptance", "expected_acceptance_length",
+                                                     "masked_share")},
             "eval_history": history,
             "wall_time_s": round(wall, 1),
             "earlier_stages": earlier,  # the training of draft.init_from, oldest first

@@ -22,6 +22,7 @@ class TTTOutput:
     step_losses: torch.Tensor  # (K,) detached
     step_correct: torch.Tensor  # (K,) number of positions where the draft's argmax equals the target's
     step_count: torch.Tensor  # (K,) positions scored at each step (a target token outside the draft vocabulary: a miss)
+    step_trained: torch.Tensor  # (K,) of those, positions the loss trains on (the target's token is in the draft vocabulary)
     chain_correct: torch.Tensor  # (K,) positions whose steps 0..k were all correct (for acceptance length)
     chain_count: torch.Tensor  # () positions scored at step 0
 
@@ -80,7 +81,7 @@ def ttt_loss(
     positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
     ttt_cache: list = []
     hidden = None
-    losses, correct, counts, chain_correct = [], [], [], []
+    losses, correct, counts, trained, chain_correct = [], [], [], [], []
     chain = None
     for k in range(ttt_steps):
         ids_k = _shift(input_ids, 1 + k)  # token t+1+k
@@ -105,6 +106,7 @@ def ttt_loss(
             chain = hit if chain is None else chain & hit
             correct.append(hit.sum())
             counts.append(scored.sum())
+            trained.append(n)
             chain_correct.append(chain.sum())
             if k == 0:
                 chain_count = scored.sum()
@@ -115,6 +117,7 @@ def ttt_loss(
         step_losses=step_losses.detach(),
         step_correct=torch.stack(correct),
         step_count=torch.stack(counts),
+        step_trained=torch.stack(trained),
         chain_correct=torch.stack(chain_correct),
         chain_count=chain_count,
     )
