@@ -212,9 +212,9 @@ def resolve_folder(
     if not any(folder.glob("*.safetensors")) and not local_files_only:
         # the snapshot skipped pickles on purpose: name them from the repo's file list, never download them
         try:
-            from huggingface_hub import list_repo_files
+            from huggingface_hub import HfApi
 
-            names = list_repo_files(str(path_or_repo), revision=revision, token=token)
+            names = HfApi().list_repo_files(str(path_or_repo), revision=revision, token=token)
         except Exception:  # offline or no access: the plain "no weights" error follows
             names = []
         pickles = sorted(n[len(prefix):] for n in names if n.startswith(prefix) and "/" not in n[len(prefix):]
@@ -791,9 +791,12 @@ def export_draft(
                 model.save_pretrained(tmp, save_embeddings=save_embeddings)
             else:
                 _write_engine_folder(model, tmp, to, config, save_embeddings)
-    except PermissionError as e:
-        raise PermissionError(
-            f"Cannot write the draft to {dst}: {e.strerror or e} ({e.filename}). Choose a destination you can write to."
+    except (PermissionError, OSError) as e:
+        if isinstance(e, FileExistsError) or e.errno is None:
+            raise
+        kind = PermissionError if isinstance(e, PermissionError) or e.errno == 30 else OSError  # 30: read-only fs
+        raise kind(
+            f"Cannot write the draft to {dst}: {e.strerror} ({e.filename}). Choose a destination you can write to."
         ) from None
     return dst
 

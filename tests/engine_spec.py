@@ -1,6 +1,7 @@
 """What vLLM and SGLang require of an EAGLE-3 draft folder, as checks over its config.json and safetensors headers.
 
-Written from the engines' loaders (read, not copied; paths as in their repositories):
+Written from the engines' loaders, re-read in the vLLM 0.33.0 and SGLang 0.5.23 wheels (read, not copied; paths as
+in their repositories). tests/test_engines_*.py run the engines' own code where it imports on a CPU.
 
 vLLM (vllm-project/vllm)
   V1 vllm/transformers_utils/config.py, HFConfigParser.parse: a config.json with no ``model_type`` but a
@@ -10,34 +11,41 @@ vLLM (vllm-project/vllm)
      .speculative_tokens, speculators_config.verifier.name_or_path, ``speculators_model_type`` and a
      ``transformer_layer_config`` dict, whose keys become the draft's config.
      .../speculators/algos.py (update_eagle3): reads ``draft_vocab_size``, ``target_hidden_size``,
-     ``norm_before_residual`` (default **True** when absent), top-level ``eagle_aux_hidden_state_layer_ids``;
-     sets architectures to Eagle3LlamaForCausalLM.
+     ``norm_before_residual`` (default **True** when absent), ``norm_before_fc``, ``fc_norm``, ``norm_output``
+     (default False), top-level ``eagle_aux_hidden_state_layer_ids``; sets architectures to Eagle3LlamaForCausalLM.
   V3 vllm/config/speculative.py + vllm/transformers_utils/configs/eagle.py: other drafts are wrapped in
      EAGLEConfig; for method eagle3 an architecture that starts with "Eagle3" or ends with "Eagle3" is kept,
      any other gets the prefix "Eagle3"; the result must be in the registry
      (vllm/model_executor/models/registry.py _SPECULATIVE_DECODING_MODELS: Eagle3LlamaForCausalLM,
      LlamaForCausalLMEagle3 -> llama_eagle3.Eagle3LlamaForCausalLM).
-  V4 vllm/model_executor/models/llama_eagle3.py: layer 0 q/k/v read 2*hidden_size; hidden_norm,
-     input_layernorm, post_attention_layernorm; residual is the raw fused feature unless
-     ``norm_before_residual``; fc reads 3*target_hidden_size (``target_hidden_size`` or hidden_size);
-     lm_head has ``draft_vocab_size`` rows; load_weights renames ``midlayer.`` to ``layers.0.``, loads ``d2t``
-     as draft_id_to_target_id, skips ``t2d``, shares the target's embedding when ``embed_tokens`` is absent;
-     any other tensor name is a KeyError (params_dict[name]). MLP: LlamaMLP, ``hidden_act`` must be silu.
+  V4 vllm/model_executor/models/llama_eagle3.py: layer 0 q/k/v read 2*hidden_size (bias = attention_bias);
+     hidden_norm, input_layernorm, post_attention_layernorm; residual is the raw fused feature unless
+     ``norm_before_residual``; fc reads 3*target_hidden_size (``target_hidden_size`` or hidden_size), after
+     ``input_norm`` (``norm_before_fc``) and ``fc_norm.{0,1,2}`` (``fc_norm``, EAGLE 3.1); ``norm_output`` feeds
+     norm(h) back; lm_head has ``draft_vocab_size`` rows; load_weights renames ``midlayer.`` to ``layers.0.``,
+     loads ``d2t`` as draft_id_to_target_id, skips ``t2d``, shares the target's embedding when ``embed_tokens`` is
+     absent; any other tensor name fails the load. When draft_vocab_size equals the target's vocabulary no
+     draft_id_to_target_id exists and a shipped ``d2t`` fails ("There is no module or parameter named ...").
+     MLP: LlamaMLP, ``hidden_act`` must be silu.
   V5 vllm/v1/worker/gpu_model_runner.py (_get_eagle3_aux_layers_from_config): reads
      ``hf_config.eagle_aux_hidden_state_layer_ids`` (top level; newer versions fall back to
      ``eagle_config[...]`` as is); without ids the target's get_eagle3_aux_hidden_state_layers() gives
      (2, L//2, L-3). vllm/model_executor/models/llama.py LlamaModel.forward appends
-     ``hidden_states + residual`` *before* running layer idx: the ids are layer INPUTS, in 0..L-1.
+     ``hidden_states + residual`` *before* running layer idx and after the last one: the ids are layer INPUTS,
+     in 0..L (L = the last layer's output before the final norm).
 
 SGLang (sgl-project/sglang)
   S1 python/sglang/srt/configs/model_config.py: config via transformers AutoConfig (``model_type`` must be known
-     to transformers without remote code); for a draft, architectures[0] "LlamaForCausalLM" becomes
-     "LlamaForCausalLMEagle3".
-  S2 python/sglang/srt/models/llama_eagle3.py: LlamaForCausalLMEagle3; tensors ``midlayer.*`` (other names are
-     skipped without an error: ``layers.0.*`` would be silently dropped), ``fc`` (bias = config.bias),
-     ``norm``, ``lm_head`` (draft_vocab_size rows; ``tie_word_embeddings`` would alias it to embed_tokens),
-     ``d2t`` -> hot_token_id, ``t2d`` skipped; q/k/v have no bias, o_proj bias = attention_bias; MLP without
-     bias, silu only (llama.py LlamaMLP). Rope from ``rope_theta`` (default 10000) and ``rope_scaling``.
+     to transformers without remote code); the model class is the one ``architectures`` names: only
+     "LlamaForCausalLMEagle3" is the EAGLE-3 draft (a "LlamaForCausalLM" folder is built as a plain Llama).
+  S2 python/sglang/srt/models/llama_eagle3.py: LlamaForCausalLMEagle3; load_weights maps ``midlayer`` to
+     ``layers.0`` and loads both spellings (and ``aux_norm_{low,mid,high}`` to ``fc_norm.{0,1,2}``); other names
+     are skipped without an error; ``fc`` (bias = config.bias), ``input_norm`` (``norm_before_fc``), ``fc_norm``
+     (``fc_norm`` or ``use_aux_norm``), ``norm``, ``lm_head`` (draft_vocab_size rows; ``tie_word_embeddings``
+     would alias it to embed_tokens), ``d2t`` -> hot_token_id (optional), ``t2d`` skipped; q/k/v are built
+     WITHOUT bias whatever attention_bias says; the first layer's residual is always the raw feature (no
+     ``norm_before_residual``); ``norm_output`` feeds norm(h) back; MLP without bias, silu only. Rope from
+     ``rope_theta`` (default 10000) and ``rope_scaling``.
   S3 python/sglang/srt/models/llama.py set_eagle3_layers_to_capture: ids from
      ``eagle_config["eagle_aux_hidden_state_layer_ids"]`` (model_runner.py) get +1 ("for the ith layer, it
      takes the output of the (i-1)th layer"); LlamaModel.forward captures ``hidden_states + residual`` before
@@ -58,8 +66,8 @@ from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
 
 # V3: registry names of vLLM's EAGLE-3 Llama draft
 VLLM_EAGLE3_ARCHITECTURES = {"Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3"}
-# S1: the draft architecture SGLang loads (after its LlamaForCausalLM rename)
-SGLANG_EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3", "LlamaForCausalLM"}
+# S1: the draft architecture SGLang loads (no rename of LlamaForCausalLM)
+SGLANG_EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3"}
 
 LAYER_TENSORS = (
     "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
@@ -89,7 +97,9 @@ def _layer_config(config: dict) -> tuple[dict, str]:
         for key in ("draft_vocab_size", "target_hidden_size", "eagle_aux_hidden_state_layer_ids"):
             if key in config:
                 layer[key] = config[key]
-        layer["norm_before_residual"] = config.get("norm_before_residual", True)  # V2 default
+        for key in ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output"):
+            if key in config:
+                layer[key] = config[key]
         return layer, "speculators"
     return config, "hf"
 
@@ -109,6 +119,8 @@ def _tensor_problems(layer: dict, shapes: dict, names: dict[str, str], engine: s
     draft_vocab = layer.get("draft_vocab_size") or vocab
     expected = {
         "fc.weight": (H, 3 * Ht),
+        **({f"fc_norm.{i}.weight": (Ht,) for i in range(3)} if layer.get("fc_norm") or layer.get("use_aux_norm") else {}),
+        **({"input_norm.weight": (3 * Ht,)} if layer.get("norm_before_fc") else {}),
         "norm.weight": (H,),
         "lm_head.weight": (draft_vocab, H),
         "layers.0.self_attn.q_proj.weight": (heads * head_dim, 2 * H),
@@ -134,11 +146,15 @@ def _tensor_problems(layer: dict, shapes: dict, names: dict[str, str], engine: s
             problems.append(f"{engine}: {name} is {list(shapes[name][0])}, the engine builds {list(shape)}")
     if draft_vocab != vocab and "d2t" not in shapes:
         problems.append(f"{engine}: draft_vocab_size {draft_vocab} < vocab_size {vocab} but no d2t map")
+    if engine == "vllm" and draft_vocab == vocab and "d2t" in shapes:
+        problems.append("vllm: a full-vocabulary draft has no draft_id_to_target_id parameter: the shipped d2t fails the load (V4)")
     if "d2t" in shapes and shapes["d2t"][1] != "I64":
         problems.append(f"{engine}: d2t must be int64, is {shapes['d2t'][1]}")
     if "t2d" in shapes and shapes["t2d"][1] != "BOOL":
         problems.append(f"{engine}: t2d must be bool, is {shapes['t2d'][1]}")
     known = {names.get(n, n) for n in expected} | set(optional)
+    if engine == "sglang":  # S2: both spellings of the layer load
+        known |= {n.replace("layers.0.", "midlayer.") for n in expected} | set(expected)
     extra = sorted(set(shapes) - known)
     if extra:
         problems.append(f"{engine}: tensors the loader does not know (KeyError in vLLM, silently dropped by SGLang): {extra}")
@@ -192,21 +208,21 @@ def vllm_problems(folder, num_target_layers: int | None = None, trust_remote_cod
         if not renamed or renamed[0] not in VLLM_EAGLE3_ARCHITECTURES:
             problems.append(f"vllm: architectures {archs} do not map to vLLM's EAGLE-3 draft (V3)")
         names = {n: ("midlayer." + n[len("layers.0."):]) for n in (f"layers.0.{t}" for t in LAYER_TENSORS)}
+        if config.get("use_aux_norm"):
+            problems.append("vllm: use_aux_norm (SGLang's old spelling of fc_norm) is not read by vLLM: say fc_norm (V4)")
         if not all(f"midlayer.{t}" in shapes for t in LAYER_TENSORS) and all(f"layers.0.{t}" in shapes for t in LAYER_TENSORS):
             names = {}  # vLLM also reads layers.0.* directly
-    if layer.get("norm_before_residual", False):
-        problems.append("vllm: norm_before_residual is true (or absent in a speculators config, V2): the residual "
-                        "would be the normalised feature, not the EAGLE-3 draft's raw one")
-    if layer.get("attention_bias"):
-        problems.append("vllm: attention_bias drafts are out of this spec")
+    if path == "speculators" and "norm_before_residual" not in config:
+        problems.append("vllm: the speculators config has no norm_before_residual: vLLM reads True, the speculators "
+                        "library False (V2)")
     eagle = layer.get("eagle_config") or {}
     if eagle.get("use_aux_hidden_state") is False:
         problems.append("vllm: eagle_config.use_aux_hidden_state is false: fc would be skipped (V4)")
     ids = vllm_aux_layer_inputs(folder)
     if ids is None:
         problems.append("vllm: no top-level eagle_aux_hidden_state_layer_ids: vLLM falls back to the target's default (V5)")
-    elif num_target_layers is not None and any(not 0 < i < num_target_layers for i in ids):
-        problems.append(f"vllm: eagle_aux_hidden_state_layer_ids {ids} must be layer inputs in 1..{num_target_layers - 1} (V5)")
+    elif num_target_layers is not None and any(not 0 < i <= num_target_layers for i in ids):
+        problems.append(f"vllm: eagle_aux_hidden_state_layer_ids {ids} must be layer inputs in 1..{num_target_layers} (V5)")
     problems += _common_layer_problems(layer, "vllm")
     problems += _tensor_problems(layer, shapes, names, "vllm")
     return problems
@@ -227,6 +243,8 @@ def sglang_problems(folder, num_target_layers: int | None = None, trust_remote_c
         problems.append(f"sglang: architectures {archs} is not SGLang's EAGLE-3 draft class (S1)")
     if config.get("attention_bias") or config.get("bias"):
         problems.append("sglang: q/k/v are built without bias (S2)")
+    if config.get("norm_before_residual"):
+        problems.append("sglang: norm_before_residual is not implemented: the residual is the raw feature (S2)")
     if config.get("draft_vocab_size") is None:
         problems.append("sglang: no draft_vocab_size: lm_head would be loaded from the target (S2)")
     if (config.get("target_hidden_size") or config.get("hidden_size")) != config.get("hidden_size") and "embed_tokens.weight" not in shapes:
@@ -236,10 +254,12 @@ def sglang_problems(folder, num_target_layers: int | None = None, trust_remote_c
         problems.append("sglang: no eagle_config.eagle_aux_hidden_state_layer_ids: SGLang uses its default (S3)")
     elif num_target_layers is not None and any(not 0 < i < num_target_layers for i in ids):
         problems.append(f"sglang: the captured layer inputs {ids} must be in 1..{num_target_layers - 1} (S3)")
-    for name in ("fc.weight", "norm.weight", "lm_head.weight", "t2d", "d2t"):  # SpecForge's list
+    for name in ("fc.weight", "norm.weight", "lm_head.weight"):
         if name not in shapes:
             problems.append(f"sglang: missing tensor {name}")
-    names = {f"layers.0.{t}": f"midlayer.{t}" for t in LAYER_TENSORS}  # S2: only midlayer.* is read
+    names = {}  # S2: midlayer.* and layers.0.* both load
+    if all(f"midlayer.{t}" in shapes for t in LAYER_TENSORS):
+        names = {f"layers.0.{t}": f"midlayer.{t}" for t in LAYER_TENSORS}
     problems += _common_layer_problems(config, "sglang")
     problems += _tensor_problems(config, shapes, names, "sglang")
     return problems

@@ -150,7 +150,11 @@ def test_native_folder_holds_weights_code_and_engine_keys(native, draft):
     package = Path(formats.__file__).parent
     for name in formats.CODE_FILES:
         assert (native / name).read_text() == (package / name).read_text()
-    assert (native / "custom_generate" / "generate.py").read_text() == (package / "generation" / "tree_decoding.py").read_text()
+    from eagle3_hub.generation.tree_decoding import write_custom_generate  # owned by tree decoding: same files
+
+    fresh = write_custom_generate(native.parent / "fresh_custom_generate").parent
+    for file in fresh.iterdir():
+        assert (native / "custom_generate" / file.name).read_bytes() == file.read_bytes()
     config = json.loads((native / "config.json").read_text())
     assert config["model_type"] == "eagle3_draft"
     assert config["architectures"] == ["LlamaForCausalLMEagle3"]
@@ -280,13 +284,25 @@ def test_aux_layer_ids_map_to_the_same_target_tensors_in_every_engine(native, ta
     assert formats.engine_default_aux_layer_ids(32) == [1, 15, 28]  # inputs (2, 16, 29), the EAGLE-3 reference
 
 
-def test_engine_export_refuses_last_layer_aux(tmp_path):
+def test_last_layer_aux_exports_for_vllm_only(tmp_path, caplog):
+    """vLLM 0.33 captures the last layer's output (input id L); SGLang captures the input of layer id + 1 only."""
     target = make_tiny_target("llama")
     draft = randomized_draft(target, aux_layer_ids=[0, 1, 3])  # 3 = output of the last layer
-    with pytest.raises(ValueError, match="last layer.*0..2"):
+    with pytest.raises(ValueError, match="last layer.*--to vllm.*0..2"):
         formats.export_draft(draft, tmp_path / "x", to="sglang")
+    assert not (tmp_path / "x").exists()
+    with caplog.at_level("WARNING", logger="eagle3_hub.formats"):
+        out = formats.export_draft(draft, tmp_path / "vllm", to="vllm", verifier="org/tiny-llama")
+    assert "before the target's final norm" in caplog.text  # vLLM's id L is hidden + residual, HF's is normed
+    assert json.loads((out / "config.json").read_text())["eagle_aux_hidden_state_layer_ids"] == [1, 2, 4]
+    assert vllm_problems(out, num_target_layers=4) == []
     draft.save_pretrained(tmp_path / "ours")  # fine for transformers
-    assert any("1..3" in p for p in vllm_problems(tmp_path / "ours", num_target_layers=4))
+    assert vllm_problems(tmp_path / "ours", num_target_layers=4, trust_remote_code=True) == []
+    assert any("1..3" in p for p in sglang_problems(tmp_path / "ours", num_target_layers=4, trust_remote_code=True))
+    ids, feats = inputs_for(draft)
+    reloaded = Eagle3DraftModel.from_pretrained(out)
+    assert reloaded.config.aux_layer_ids == [0, 1, 3]
+    torch.testing.assert_close(logits_of(reloaded, ids, feats), logits_of(draft, ids, feats), rtol=0, atol=0)
 
 
 def test_rope_scaling_survives_every_layout(tmp_path):
@@ -528,3 +544,245 @@ def test_convert_does_not_overwrite_without_force(native, tmp_path):
     convert_cli(native, out, "--force")
     assert not (out / "keep.txt").exists() and (out / "config.json").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folders left
+
+
+# ------------------------------------------------------------------------------ issue 30: what the engines load
+@pytest.mark.parametrize("to", ["ours", "vllm", "sglang"])
+def test_full_vocabulary_draft_ships_no_vocabulary_maps(target, tmp_path, to):
+    """vLLM builds no draft_id_to_target_id for a full-vocabulary draft and fails on a shipped d2t."""
+    draft = randomized_draft(target, draft_vocab_size=256)
+    draft.set_vocab_mapping(torch.arange(256))  # full vocabulary, identity map
+    out = formats.export_draft(draft, tmp_path / to, to=to, verifier="org/tiny-llama")
+    names = set(load_file(str(out / "model.safetensors")))
+    assert not names & {"d2t", "t2d"}
+    assert vllm_problems(out, num_target_layers=4, trust_remote_code=True) == []
+    if to != "vllm":
+        assert sglang_problems(out, num_target_layers=4, trust_remote_code=True) == []
+    reloaded = Eagle3DraftModel.from_pretrained(out)
+    assert torch.equal(reloaded.d2t, torch.zeros(256, dtype=torch.long)) and bool(reloaded.t2d.all())
+    ids, feats = inputs_for(draft)
+    torch.testing.assert_close(logits_of(reloaded, ids, feats), logits_of(draft, ids, feats), rtol=0, atol=0)
+
+
+def test_full_vocabulary_draft_with_a_permuted_map_is_refused_for_engines(target, tmp_path):
+    draft = randomized_draft(target, draft_vocab_size=256)
+    draft.set_vocab_mapping(torch.randperm(256, generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match="whole target vocabulary.*not the identity"):
+        formats.export_draft(draft, tmp_path / "vllm", to="vllm")
+
+
+def test_official_release_folder_is_not_an_sglang_draft_as_is(deep_draft, tmp_path):
+    """SGLang 0.5.23 builds the class `architectures` names: LlamaForCausalLM would be a plain Llama."""
+    folder = write_foreign(deep_draft, tmp_path / "eagle", "eagle")
+    assert any("architectures ['LlamaForCausalLM']" in p for p in sglang_problems(folder, num_target_layers=8))
+    out = tmp_path / "sglang"
+    convert_cli(folder, out, "--to", "sglang", "--aux-layer-ids", "1,3,4")
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["LlamaForCausalLMEagle3"]
+    assert sglang_problems(out, num_target_layers=8) == []
+
+
+def test_sglang_loads_both_layer_spellings(deep_draft, tmp_path):
+    folder = write_foreign(deep_draft, tmp_path / "spec", "specforge", with_embedding=True)
+    state = load_file(str(folder / "model.safetensors"))
+    save_file({k.replace("midlayer.", "layers.0."): v for k, v in state.items()}, str(folder / "model.safetensors"))
+    assert sglang_problems(folder, num_target_layers=8) == []
+    loaded = Eagle3DraftModel.from_pretrained(folder)
+    ids, feats = inputs_for(deep_draft)
+    torch.testing.assert_close(logits_of(loaded, ids, feats), logits_of(deep_draft, ids, feats), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("to, convention", [("ours", "output"), ("sglang", "output"), ("vllm", "input")])
+def test_every_folder_states_its_conventions(draft, tmp_path, to, convention):
+    out = formats.export_draft(draft, tmp_path / to, to=to, verifier="org/tiny-llama")
+    config = json.loads((out / "config.json").read_text())
+    assert config["aux_layer_convention"] == convention
+    for flag in formats.VARIANT_FLAGS:  # engines default some differently: never left implicit
+        assert config[flag] is False
+
+
+def _set_config(folder, **changes):
+    config = json.loads((folder / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            config.pop(key, None)
+        else:
+            config[key] = value
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def test_reference_input_ids_in_eagle_config_are_read_as_inputs(deep_target, deep_draft, tmp_path, caplog):
+    """AQ-MedAI's Kimi-K2 drafts store the reference's input layers ([2, 30, 58] of 61) in eagle_config."""
+    folder = write_foreign(deep_draft, tmp_path / "kimi", "specforge")
+    _set_config(folder, eagle_config={"eagle_aux_hidden_state_layer_ids": [2, 4, 5], "use_aux_hidden_state": True})
+    with caplog.at_level("WARNING", logger="eagle3_hub.formats"):
+        loaded = Eagle3DraftModel.from_pretrained(folder)
+    assert loaded.config.aux_layer_ids == [1, 3, 4]  # inputs 2, L//2, L-3 of an 8-layer target
+    assert "aux_layer_convention" in caplog.text and "as inputs" in caplog.text
+    assert Eagle3DraftModel.from_pretrained(folder, target=deep_target).config.aux_layer_ids == [1, 3, 4]
+    assert formats.resolve_aux_layer_ids({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}},
+                                         "specforge") == [1, 29, 57]
+    # the caller's word wins
+    assert Eagle3DraftModel.from_pretrained(folder, aux_layer_convention="output").config.aux_layer_ids == [2, 4, 5]
+
+
+def test_sglang_ids_copied_to_the_top_level_are_read_as_outputs(deep_draft, tmp_path, caplog):
+    """A converted speculators draft (Qwen3-235B) copied SGLang's output ids [1, 46, 90] to vLLM's top-level key."""
+    folder = write_foreign(deep_draft, tmp_path / "spec", "speculators")
+    _set_config(folder, eagle_aux_hidden_state_layer_ids=[1, 3, 4])
+    with caplog.at_level("WARNING", logger="eagle3_hub.formats"):
+        assert Eagle3DraftModel.from_pretrained(folder).config.aux_layer_ids == [1, 3, 4]
+    assert "as outputs" in caplog.text and "aux_layer_convention" in caplog.text
+    assert formats.resolve_aux_layer_ids({"eagle_aux_hidden_state_layer_ids": [1, 46, 90]}, "speculators") == [1, 46, 90]
+    assert Eagle3DraftModel.from_pretrained(folder, aux_layer_convention="input").config.aux_layer_ids == [0, 2, 3]
+
+
+def test_ambiguous_eagle_config_ids_warn_and_take_the_override(deep_draft, tmp_path, caplog):
+    folder = write_foreign(deep_draft, tmp_path / "spec", "specforge")
+    _set_config(folder, eagle_config={"eagle_aux_hidden_state_layer_ids": [1, 2, 5]})
+    with caplog.at_level("WARNING", logger="eagle3_hub.formats"):
+        assert Eagle3DraftModel.from_pretrained(folder).config.aux_layer_ids == [1, 2, 5]
+    assert "reading them as outputs" in caplog.text and "aux_layer_convention='input'" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="eagle3_hub.formats"):
+        assert Eagle3DraftModel.from_pretrained(folder, aux_layer_convention="input").config.aux_layer_ids == [0, 1, 4]
+    assert "reading them" not in caplog.text  # the caller said: no guess
+    out = tmp_path / "out"
+    convert_cli(folder, out, "--aux-layer-convention", "input")
+    assert json.loads((out / "config.json").read_text())["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [0, 1, 4]
+    # a stated convention is read as stated, without a guess
+    _set_config(folder, aux_layer_convention="input")
+    assert Eagle3DraftModel.from_pretrained(folder).config.aux_layer_ids == [0, 1, 4]
+    with pytest.raises(ValueError, match="aux_layer_convention must be 'output' or 'input'"):
+        Eagle3DraftModel.from_pretrained(folder, aux_layer_convention="outputs")
+
+
+def test_speculators_config_without_norm_before_residual_warns(deep_draft, tmp_path, caplog):
+    folder = write_foreign(deep_draft, tmp_path / "spec", "speculators", with_embedding=True)
+    _set_config(folder, norm_before_residual=None)
+    assert any("norm_before_residual" in p for p in vllm_problems(folder, num_target_layers=8))  # vLLM reads True
+    with caplog.at_level("WARNING", logger="eagle3_hub.formats"):
+        loaded = Eagle3DraftModel.from_pretrained(folder)
+    assert "vLLM as True" in caplog.text
+    assert loaded.config.norm_before_residual is False  # as the speculators library, and as before
+    ids, feats = inputs_for(deep_draft)
+    torch.testing.assert_close(logits_of(loaded, ids, feats), logits_of(deep_draft, ids, feats), rtol=0, atol=0)
+    out = tmp_path / "vllm"
+    convert_cli(folder, out, "--to", "vllm", "--verifier", "org/tiny-llama")
+    assert json.loads((out / "config.json").read_text())["norm_before_residual"] is False
+    assert vllm_problems(out, num_target_layers=8) == []
+
+
+def test_norm_before_residual_draft_exports_for_vllm_not_sglang(target, tmp_path):
+    draft = randomized_draft(target)
+    draft.config.norm_before_residual = True
+    twin = Eagle3DraftModel(draft.config)
+    twin.load_state_dict(draft.state_dict())
+    twin.eval()
+    with pytest.raises(ValueError, match="norm_before_residual.*--to vllm"):
+        formats.export_draft(twin, tmp_path / "sglang", to="sglang")
+    out = formats.export_draft(twin, tmp_path / "vllm", to="vllm", verifier="org/tiny-llama")
+    assert json.loads((out / "config.json").read_text())["norm_before_residual"] is True
+    reloaded = Eagle3DraftModel.from_pretrained(out)
+    assert reloaded.config.norm_before_residual is True
+    ids, feats = inputs_for(draft)
+    torch.testing.assert_close(logits_of(reloaded, ids, feats), logits_of(twin, ids, feats), rtol=0, atol=0)
+    # the residual really is the normalised feature
+    with torch.no_grad():
+        h = twin.fuse(feats)
+        layer = twin.midlayer
+        x = torch.cat([layer.input_layernorm(twin.embed_tokens(ids)), layer.hidden_norm(h)], -1)
+        pos = twin.rotary_emb(h, torch.arange(ids.shape[1]).expand(2, -1))
+        a = layer.hidden_norm(h) + layer.self_attn(x, pos)
+        expected = twin.lm_head(twin.norm(a + layer.mlp(layer.post_attention_layernorm(a))))
+    torch.testing.assert_close(logits_of(twin, ids, feats), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_attention_bias_draft_is_refused_for_sglang(target, tmp_path):
+    draft = Eagle3DraftModel.from_target(target, aux_layer_ids=AUX, attention_bias=True).eval()
+    with pytest.raises(ValueError, match="attention_bias.*without bias.*--to vllm"):
+        formats.export_draft(draft, tmp_path / "sglang", to="sglang")
+    out = formats.export_draft(draft, tmp_path / "vllm", to="vllm", verifier="org/tiny-llama")
+    assert "layers.0.self_attn.q_proj.bias" in load_file(str(out / "model.safetensors"))
+    draft.save_pretrained(tmp_path / "ours")
+    assert "sglang: q/k/v are built without bias (S2)" in sglang_problems(tmp_path / "ours", 4, trust_remote_code=True)
+
+
+def test_hub_repo_with_only_a_pickle_names_it(tmp_path, monkeypatch):
+    import huggingface_hub
+    from hub_server import FakeHub, Repo
+
+    tripwire = tmp_path / "unpickled"
+    payload = pickle.dumps({"fc.weight": _Tripwire(tripwire)})
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    with FakeHub() as hub:
+        monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
+        monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
+                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
+        files = {"config.json": json.dumps({"model_type": "llama", "draft_vocab_size": 200}).encode(),
+                 "pytorch_model.bin": payload}
+        hub.state.repos[("model", "org/bin-only")] = Repo("org/bin-only", "model", False, files=files,
+                                                          commits=[{"oid": "a" * 40}])
+        with pytest.raises(ValueError, match=r"org/bin-only has only pickled weights \(pytorch_model.bin\).*never "
+                           r"unpickles.*arbitrary code.*safetensors"):
+            Eagle3DraftModel.from_pretrained("org/bin-only", cache_dir=tmp_path / "cache")
+        assert not any(p.endswith("pytorch_model.bin") for _, p in hub.state.requests)  # never downloaded
+    assert not tripwire.exists()
+
+
+# ------------------------------------------------------------------------------ issue 28: bad files, clear errors
+def test_truncated_safetensors_is_named(native, tmp_path):
+    folder = _copy_native(native, tmp_path)
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model.safetensors is not a readable safetensors file.*truncated or corrupt.*again"):
+        Eagle3DraftModel.from_pretrained(folder)
+    with pytest.raises(ValueError, match="truncated or corrupt"):
+        convert_cli(folder, tmp_path / "out")
+
+
+def test_config_that_is_not_json_is_named(native, tmp_path):
+    folder = _copy_native(native, tmp_path)
+    (folder / "config.json").write_text('{"model_type": "eagle3_draft", ')
+    with pytest.raises(ValueError, match=r"config.json is not valid JSON.*corrupt or truncated"):
+        Eagle3DraftModel.from_pretrained(folder)
+    with pytest.raises(ValueError, match="is not valid JSON"):
+        convert_cli(folder, tmp_path / "out")
+
+
+def test_d2t_outside_the_vocabulary_is_caught_at_load_and_bind(native, target, tmp_path):
+    folder = _copy_native(native, tmp_path)
+    state = load_file(str(folder / "model.safetensors"))
+    state["d2t"][-1] = 10_000  # target id 10199 of a 256-token vocabulary
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"d2t maps draft ids to target ids .*outside its vocab_size 256"):
+        Eagle3DraftModel.from_pretrained(folder)
+    draft = randomized_draft(target)
+    with torch.no_grad():
+        draft.d2t[-1] = 10_000
+    with pytest.raises(ValueError, match=r"does not fit the target: its d2t map sends draft ids to target ids .*"
+                                         r"outside the target's 256 tokens"):
+        draft.check_fits(target)
+    with pytest.raises(ValueError, match="d2t map"):
+        draft.bind(target)
+
+
+def test_convert_to_a_read_only_destination_names_it(native, tmp_path):
+    if hasattr(os, "geteuid") and os.geteuid() == 0:  # root writes into 0o555 folders, not into sysfs
+        if not Path("/sys/kernel").is_dir():
+            pytest.skip("running as root without a sysfs to stand for a read-only place")
+        parent = Path("/sys/kernel")
+    else:
+        parent = tmp_path / "ro"
+        parent.mkdir()
+        parent.chmod(0o555)
+    try:
+        with pytest.raises(PermissionError, match=rf"Cannot write the draft to {parent}/out: .*Choose a destination you can write to"):
+            convert_cli(native, parent / "out")
+    finally:
+        if parent.is_relative_to(tmp_path):
+            parent.chmod(0o755)
+    assert not (parent / "out").exists()
