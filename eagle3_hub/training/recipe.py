@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import re
 from pathlib import Path
 
@@ -44,6 +45,11 @@ DEFAULTS: dict = {
     "train": {
         "ttt_steps": 7,
         "step_weight": 0.8,
+        # the objective of each draft position: kl (soft cross-entropy against the target), lk (1 - acceptance),
+        # lk_log (-log acceptance), lk_hybrid (KL blended into 1 - acceptance as the draft improves), or a weighted
+        # mix such as {kl: 0.5, lk_log: 0.5} (training/losses.py)
+        "loss": "kl",
+        "lk_eta": 3.0,  # lk_hybrid: the KL weight is exp(-lk_eta * mean acceptance)
         "epochs": 1,
         "max_steps": None,
         "batch_size": 4,
@@ -102,15 +108,42 @@ def _load_yaml(text, where: str = "the recipe"):
         raise ValueError(f"{where} is not valid YAML: {' '.join(str(e).split())}") from None
 
 
-def _merge(base: dict, update: dict, path: str = "") -> dict:
+# Eagle3Config parameters that describe the target (read from it: the draft shares its embedding and reads its
+# features) or that the draft section already names; every other parameter is a `draft:` key of the recipe
+# (e.g. `fc_norm: true`) passed to the config of a new draft.
+_SET_BY_TRAINING = {"self", "kwargs", "vocab_size", "hidden_size", "target_hidden_size", "eagle_config",
+                    "target_num_hidden_layers", "target_model_type", "pad_token_id", "bos_token_id", "eos_token_id",
+                    "draft_vocab_size", "intermediate_size"}
+
+
+def draft_config_keys() -> list[str]:
+    """The ``Eagle3Config`` parameters a recipe's ``draft:`` section may set for a new draft."""
+    from ..configuration_eagle3 import Eagle3Config
+
+    return [k for k in inspect.signature(Eagle3Config.__init__).parameters if k not in _SET_BY_TRAINING]
+
+
+def draft_config_overrides(recipe: dict) -> dict:
+    """The recipe's ``draft:`` keys that go to the draft's config (those not among ``DEFAULTS["draft"]``)."""
+    return {k: v for k, v in recipe["draft"].items() if k not in DEFAULTS["draft"]}
+
+
+def _merge(base: dict, update: dict, path: str = "", schema: dict | None = None) -> dict:
+    schema = DEFAULTS if schema is None else schema
     for key, value in update.items():
         if key not in base:
-            raise KeyError(f"Unknown recipe key `{path}{key}`. Known keys: {', '.join(path + k for k in base)}")
-        if isinstance(base[key], dict) and not isinstance(value, dict):
-            raise ValueError(f"`{path}{key}` is a section of keys ({', '.join(base[key])}), got {value!r}: write them "
+            extra = draft_config_keys() if path == "draft." else []
+            if key in extra:
+                base[key] = value
+                continue
+            known = ", ".join(path + k for k in [*base, *(k for k in extra if k not in base)])
+            raise KeyError(f"Unknown recipe key `{path}{key}`. Known keys: {known}")
+        section = schema.get(key) if isinstance(schema, dict) else None
+        if isinstance(section, dict) and not isinstance(value, dict):
+            raise ValueError(f"`{path}{key}` is a section of keys ({', '.join(section)}), got {value!r}: write them "
                              f"indented under `{key}:`.")
-        if isinstance(base[key], dict):
-            _merge(base[key], value, f"{path}{key}.")
+        if isinstance(section, dict):
+            _merge(base[key], value, f"{path}{key}.", section)
         else:
             base[key] = value
     return base

@@ -34,7 +34,8 @@ from .checkpoints import (
 )
 from .data import DataError, build_conversations, tokenize_dataset
 from .features import OfflineFeatures, aux_features
-from .recipe import load_recipe, load_stages, parse_overrides
+from .recipe import draft_config_overrides, load_recipe, load_stages, parse_overrides
+from .losses import parse_loss
 from .ttt import acceptance_metrics, target_logit_positions, ttt_loss
 from .vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
 
@@ -169,6 +170,12 @@ def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids:
     return ids, info
 
 
+def objective(draft, aux, batch, logits, t: dict):
+    """The TTT loss of a batch with the recipe's ``train`` settings."""
+    return ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
+                    ttt_steps=t["ttt_steps"], step_weight=t["step_weight"], loss=t["loss"], lk_eta=t["lk_eta"])
+
+
 @torch.no_grad()
 def evaluate(draft, target, loader, recipe, features, accelerator) -> dict:
     draft.eval()
@@ -177,14 +184,13 @@ def evaluate(draft, target, loader, recipe, features, accelerator) -> dict:
     for batch in loader:
         aux, logits = features(batch)
         with accelerator.autocast():
-            out = ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
-                           ttt_steps=t["ttt_steps"], step_weight=t["step_weight"])
+            out = objective(draft, aux, batch, logits, t)
         vals = [out.loss.detach() * out.chain_count, out.step_correct, out.step_count, out.chain_correct, out.chain_count,
-                out.step_trained]
+                out.step_trained, out.step_alpha, out.chain_alpha]
         sums = vals if sums is None else [a + b for a, b in zip(sums, vals)]
     draft.train()
     sums = [accelerator.reduce(v.float(), "sum") for v in sums]
-    m = acceptance_metrics(sums[1], sums[2], sums[3], sums[4])
+    m = acceptance_metrics(sums[1], sums[2], sums[3], sums[4], sums[6], sums[7])
     m["loss"] = (sums[0] / sums[4].clamp(min=1)).item()
     m["masked_share"] = masked_share(sums[2].sum(), sums[5].sum())
     return m
@@ -244,6 +250,9 @@ def check_recipe(recipe: dict) -> None:
         bad.append(f"data.max_length={data['max_length']!r}")
     if bad:
         raise ValueError(f"Expected positive integers: {', '.join(bad)}")
+    parse_loss(t["loss"])
+    if isinstance(t["lk_eta"], bool) or not isinstance(t["lk_eta"], (int, float)) or not t["lk_eta"] >= 0:
+        raise ValueError(f"train.lk_eta must be a non-negative number (the paper's eta: 3), got {t['lk_eta']!r}")
     if d["draft_vocab_size"] is not None and (not isinstance(d["draft_vocab_size"], int) or d["draft_vocab_size"] < 1):
         raise ValueError(f"draft.draft_vocab_size must be a positive integer or null, got {d['draft_vocab_size']!r}")
     if not data["sources"] and not data["synthesize"]:
@@ -368,6 +377,12 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
     if size is not None and not 0 < size <= vocab_size:
         raise ValueError(f"draft.draft_vocab_size={size} must be in 1..{vocab_size} (the target vocabulary)")
     init = load_init_draft(d["init_from"], target) if d["init_from"] else None
+    arch = draft_config_overrides(recipe)  # e.g. fc_norm: Eagle3Config keys of the recipe's draft section
+    for key, value in arch.items() if init is not None else ():
+        if getattr(init.config, key, None) != value:
+            raise ValueError(f"draft.{key}={value!r} changes the architecture of draft.init_from ({d['init_from']} has "
+                             f"{getattr(init.config, key, None)!r}): a continued draft keeps its own; remove the key, or "
+                             "train a new draft (no init_from).")
     earlier = earlier_stages(d["init_from"]) if d["init_from"] else []  # read now: output_dir may be init_from
     if init is not None and not d["reselect_vocab"] and size != init.config.draft_vocab_size and accelerator.is_main_process:
         print(f"[vocab] draft.init_from keeps its own vocabulary of {init.config.draft_vocab_size} tokens "
@@ -391,7 +406,7 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
                       f"lm_head rows {vocab_info['remap']}")
     else:
         draft = Eagle3DraftModel.from_target(target, aux_layer_ids=d["aux_layer_ids"], draft_vocab_size=size,
-                                             intermediate_size=d["intermediate_size"])
+                                             intermediate_size=d["intermediate_size"], **arch)
         draft.set_vocab_mapping(vocab_ids)
         if d["head_from_target"]:
             init_head_from_target(draft, target)
@@ -468,11 +483,11 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
         m = evaluate(draft, target, eval_loader, recipe, get_features, accelerator)
         history.append({"step": at_step, **m})
         accelerator.log({"eval/loss": m["loss"], "eval/acceptance_length": m["expected_acceptance_length"],
-                         "eval/masked_share": m["masked_share"],
+                         "eval/masked_share": m["masked_share"], "eval/acceptance_length_sampled": m["expected_acceptance_length_sampled"],
                          **{f"eval/acc_{k}": a for k, a in enumerate(m["step_accuracy"])}}, step=at_step)
         accelerator.print(f"[eval] step {at_step}: loss {m['loss']:.3f}, expected acceptance length "
                           f"{m['expected_acceptance_length']:.2f}, step accuracy " + " ".join(f"{a:.2f}" for a in m["step_accuracy"])
-                          + f", masked {m['masked_share']:.1%}")
+                          + f", at T=1 {m['expected_acceptance_length_sampled']:.2f}, masked {m['masked_share']:.1%}")
         if accelerator.is_main_process:
             atomic_write_json(eval_path, {"eval_history": history})
 
@@ -494,8 +509,7 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
                 with accelerator.accumulate(draft):
                     aux, logits = get_features(batch)
                     with accelerator.autocast():
-                        out = ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
-                                       ttt_steps=t["ttt_steps"], step_weight=t["step_weight"])
+                        out = objective(draft, aux, batch, logits, t)
                     accelerator.backward(out.loss)
                     masked += torch.stack([out.step_count.sum(), out.step_trained.sum()]).float().cpu()
                     if accelerator.sync_gradients:
@@ -554,6 +568,7 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
             # the held-out split at the last step: accuracy of draft step k vs the target's argmax, and the
             # expected number of tokens per target forward when a chain of ttt_steps drafts is verified
             "acceptance": {k: final.get(k) for k in ("step", "loss", "step_accuracy", "chain_acceptance", "expected_acceptance_length",
+                                                     "step_expected_acceptance", "expected_acceptance_length_sampled",
                                                      "masked_share")},
             "eval_history": history,
             "wall_time_s": round(wall, 1),

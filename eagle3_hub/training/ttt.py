@@ -3,9 +3,10 @@
 The draft is unrolled ``ttt_steps`` times. Step k at sequence position t reads token t+1+k and, as its
 feature, the fused target feature (k = 0) or its own step k-1 output; it predicts token t+2+k. Its query sits
 at position id t+k (as at inference, where the k-th drafted token follows k-1 drafted ones); it attends to the
-step-0 keys of positions <= t (causal) and to the keys of steps 1..k at position t (the diagonal). The loss is
-the soft cross-entropy against the target's next-token distribution restricted to the draft vocabulary,
-weighted 0.8^k; positions whose target argmax lies outside the draft vocabulary are masked.
+step-0 keys of positions <= t (causal) and to the keys of steps 1..k at position t (the diagonal). The loss of a
+step compares the draft's distribution with the target's next-token distribution over the draft vocabulary (soft
+cross-entropy by default, or the acceptance-rate losses of ``losses.py``), weighted 0.8^k; positions whose target
+argmax lies outside the draft vocabulary are masked.
 """
 
 from __future__ import annotations
@@ -14,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+from .losses import parse_loss, position_loss
 
 
 @dataclass
@@ -25,6 +28,10 @@ class TTTOutput:
     step_trained: torch.Tensor  # (K,) of those, positions the loss trains on (the target's token is in the draft vocabulary)
     chain_correct: torch.Tensor  # (K,) positions whose steps 0..k were all correct (for acceptance length)
     chain_count: torch.Tensor  # () positions scored at step 0
+    # (K,) sums of sum_v min(p, q), the chance that sampling accepts the draft's token at step k (a masked position: 0),
+    # and of its product over steps 0..k (the chance that the chain is accepted that far)
+    step_alpha: torch.Tensor | None = None
+    chain_alpha: torch.Tensor | None = None
 
 
 def _shift(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -63,7 +70,10 @@ def ttt_loss(
     attention_mask: torch.Tensor | None = None,  # (b, s) 1 on real tokens
     ttt_steps: int = 7,
     step_weight: float = 0.8,
+    loss: str | dict = "kl",  # train.loss: a name of losses.LOSSES or {name: weight}
+    lk_eta: float = 3.0,  # lk_hybrid's eta
 ) -> TTTOutput:
+    loss_weights = parse_loss(loss)
     b, s = input_ids.shape
     device = input_ids.device
     core = draft_core(draft)  # `draft` may be wrapped (DDP); its forward is called, the vocabulary maps read here
@@ -74,20 +84,29 @@ def ttt_loss(
         draft_ids = torch.arange(core.config.draft_vocab_size, device=device) + core.d2t  # (Vd,) target ids
         target_argmax = target_logits.argmax(-1)  # (b, s)
         in_vocab = core.t2d[target_argmax]  # (b, s): the target's choice is reachable by the draft
-        target_p = target_logits.index_select(-1, draft_ids).float().softmax(-1)  # (b, s, Vd)
+        sel = target_logits.index_select(-1, draft_ids).float()  # (b, s, Vd)
+        lse_draft = sel.logsumexp(-1)
+        target_p = (sel - lse_draft.unsqueeze(-1)).exp()  # (b, s, Vd) renormalised over the draft vocabulary
+        del sel
         target_argmax_draft = target_p.argmax(-1)  # (b, s) in draft ids
+        # the target's probability mass on the draft vocabulary, at the rows the loss reads (mass outside it is
+        # never accepted, so the acceptance losses see p as it is: target_p * mass)
+        rows = target_logit_positions(loss_mask)
+        draft_mass = torch.ones(b, s, device=device)
+        draft_mass[rows] = (lse_draft[rows] - target_logits[rows].float().logsumexp(-1)).exp()
 
     mask = causal_mask(s, torch.float32, device)
     positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
     ttt_cache: list = []
     hidden = None
-    losses, correct, counts, trained, chain_correct = [], [], [], [], []
-    chain = None
+    losses, correct, counts, trained, chain_correct, alphas, chain_alphas = [], [], [], [], [], [], []
+    chain = chain_a = None
     for k in range(ttt_steps):
         ids_k = _shift(input_ids, 1 + k)  # token t+1+k
         scored = _shift(loss_mask, 2 + k, False)  # (b, s) positions the metrics count
         valid = scored & _shift(in_vocab, 1 + k, False)  # (b, s) ...and the loss trains: the target's token is reachable
         p_k = _shift(target_p, 1 + k)[valid]  # (n, Vd) target distribution of token t+2+k
+        mass_k = _shift(draft_mass, 1 + k, 1.0)[valid]  # (n,)
         want_k = _shift(target_argmax_draft, 1 + k)[valid]  # (n,)
         # logits only where the loss scores them: the draft's lm_head is most of a step's cost
         if hidden is None:
@@ -99,11 +118,17 @@ def ttt_loss(
         hidden = out.hidden_states
         logp = F.log_softmax(out.logits.float(), dim=-1)  # (n, Vd)
         n = valid.sum()
-        losses.append(-(p_k * logp).sum() / n.clamp(min=1))
+        step_loss, alpha = position_loss(loss_weights, logp, p_k, p_k * mass_k.unsqueeze(-1), lk_eta=lk_eta)
+        losses.append(step_loss)
         with torch.no_grad():
             hit = torch.zeros_like(valid)  # a token outside the draft vocabulary is a miss, as at inference
             hit[valid] = logp.argmax(-1) == want_k
             chain = hit if chain is None else chain & hit
+            a = torch.zeros(b, s, device=device)
+            a[valid] = alpha.float()
+            chain_a = a if chain_a is None else chain_a * a
+            alphas.append(a.sum())
+            chain_alphas.append(chain_a.sum())
             correct.append(hit.sum())
             counts.append(scored.sum())
             trained.append(n)
@@ -120,12 +145,22 @@ def ttt_loss(
         step_trained=torch.stack(trained),
         chain_correct=torch.stack(chain_correct),
         chain_count=chain_count,
+        step_alpha=torch.stack(alphas),
+        chain_alpha=torch.stack(chain_alphas),
     )
 
 
-def acceptance_metrics(step_correct, step_count, chain_correct, chain_count) -> dict:
+def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, step_alpha=None, chain_alpha=None) -> dict:
     """Per-position accuracy vs the target's argmax and the expected acceptance length of a chain
-    (1 bonus token + the expected number of leading correct draft tokens)."""
+    (1 bonus token + the expected number of leading correct draft tokens): greedy decoding. With ``step_alpha`` and
+    ``chain_alpha`` (sums of ``TTTOutput``), the same for speculative sampling at temperature 1: the chance that
+    step k's token is accepted (``step_expected_acceptance``) and the expected chain length."""
     acc = [c / max(n, 1) for c, n in zip(step_correct.tolist(), step_count.tolist())]
     chain = [c / max(chain_count.item(), 1) for c in chain_correct.tolist()]
-    return {"step_accuracy": acc, "chain_acceptance": chain, "expected_acceptance_length": 1.0 + sum(chain)}
+    out = {"step_accuracy": acc, "chain_acceptance": chain, "expected_acceptance_length": 1.0 + sum(chain)}
+    if step_alpha is not None:
+        out["step_expected_acceptance"] = [a / max(n, 1) for a, n in zip(step_alpha.tolist(), step_count.tolist())]
+        sampled = [c / max(chain_count.item(), 1) for c in chain_alpha.tolist()]
+        out["chain_expected_acceptance"] = sampled
+        out["expected_acceptance_length_sampled"] = 1.0 + sum(sampled)
+    return out
