@@ -10,7 +10,8 @@ How it fits into transformers' assisted generation (``AssistedCandidateGenerator
 
 The draft needs the target's features (aux decoder layer outputs) at every position the target accepted.
 transformers hands an assistant no target states, so ``bind(target)`` registers forward hooks on the
-target's aux layers. Our ``generate`` *arms* them for exactly the next target forward (the verification of
+target's aux layers. An unbound draft binds itself on its first call, once, to the model whose assisted
+generation calls it (after ``check_fits``), so ``target.generate(ids, assistant_model=draft)`` works as written. Our ``generate`` *arms* them for exactly the next target forward (the verification of
 its candidates); that forward's features are kept (one block) and consumed by the next round.
 
 Draft KV cache: entries at positions < ``valid_length`` were computed from target features; entries after
@@ -270,11 +271,21 @@ class Eagle3AssistantMixin:
                 "An EAGLE-3 draft cannot generate on its own: it drafts from its target's features. Use "
                 "`target.generate(ids, assistant_model=draft)` (after `draft.bind(target)`) or `eagle3_hub.generate`."
             )
+        caller = _assisting_model(self)
         target = self.target
+        if target is None and caller is not None:
+            self.bind(caller)  # the first call binds the draft, once, to the model that calls it (fit-checked)
+            target = caller
+        elif target is not None and caller is not None and caller is not target:
+            raise RuntimeError(
+                "This draft is bound to another model than the one calling it: call `draft.bind(target)` for the model "
+                "you generate with (a draft follows one target at a time)."
+            )
         if target is None or self._capture is None:
             raise RuntimeError(
-                "This draft is not bound to a target. Call `draft.bind(target)` (or load it with "
-                "`from_pretrained(path, target=target)`) before `target.generate(..., assistant_model=draft)`."
+                "This draft is not bound to a target, and the caller is not transformers' assisted generation, so the "
+                "draft cannot tell whose features to read. Call `draft.bind(target)` (or load it with "
+                "`from_pretrained(path, target=target)`), or call `target.generate(..., assistant_model=draft)`."
             )
         if input_ids.shape[0] != 1:
             raise ValueError(f"Got a batch of {input_ids.shape[0]} sequences: {BATCH_HELP}")
@@ -420,6 +431,29 @@ def _eos_ids(generation_config, device) -> torch.Tensor | None:
     if eos is None:
         return None
     return torch.as_tensor(eos, device=device).reshape(-1)
+
+
+def _assisting_model(draft):
+    """The model whose ``generate(..., assistant_model=draft)`` is asking ``draft`` for candidates, or None.
+
+    transformers hands an assistant no reference to the model it assists; its assisted decoding loop is the
+    caller a few frames up. The frame is recognised by its code object (not a name) and by its
+    ``assistant_model`` being this draft, so nothing else is ever taken for the target."""
+    import inspect
+    import sys
+
+    from transformers.generation.utils import GenerationMixin
+
+    code = inspect.unwrap(GenerationMixin._assisted_decoding).__code__
+    frame = sys._getframe(1)
+    for _ in range(12):
+        if frame is None:
+            return None
+        if frame.f_code is code and frame.f_locals.get("assistant_model") is draft:
+            model = frame.f_locals.get("self")
+            return model if isinstance(model, torch.nn.Module) else None
+        frame = frame.f_back
+    return None
 
 
 def _make_feature_hook(draft_ref, slot: int):

@@ -260,6 +260,9 @@ def sglang_problems(folder, num_target_layers: int | None = None, trust_remote_c
     names = {}  # S2: midlayer.* and layers.0.* both load
     if all(f"midlayer.{t}" in shapes for t in LAYER_TENSORS):
         names = {f"layers.0.{t}": f"midlayer.{t}" for t in LAYER_TENSORS}
+    for i, legacy in enumerate(("low", "mid", "high")):  # S2: SGLang's older fc_norm names
+        if f"aux_norm_{legacy}.weight" in shapes:
+            names[f"fc_norm.{i}.weight"] = f"aux_norm_{legacy}.weight"
     problems += _common_layer_problems(config, "sglang")
     problems += _tensor_problems(config, shapes, names, "sglang")
     return problems

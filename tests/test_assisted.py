@@ -15,7 +15,7 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
+from transformers import AutoModel, GenerationConfig, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 from transformers.cache_utils import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
@@ -468,10 +468,12 @@ def test_unbind_and_rebind():
     other = make_tiny_target("llama", seed=5)
     bare = hook_counts(other)
     draft.unbind()
-    assert sum(hook_counts(target)) == 0
-    with pytest.raises(RuntimeError, match="bind"):
-        target.generate(random_prompts(1), assistant_model=draft, max_new_tokens=4)
-    draft.bind(target)
+    assert sum(hook_counts(target)) == 0 and draft.target is None
+    ids = random_prompts(1, seed=3)
+    # an unbound draft binds itself to the model whose assisted generation calls it
+    assert torch.equal(assisted(target, draft, ids, max_new_tokens=8), plain(target, ids, max_new_tokens=8))
+    assert draft.target is target and sum(hook_counts(target)) == 3
+    draft.bind(target)  # binding again keeps one set of hooks
     assert sum(hook_counts(target)) == 3
     draft.bind(other)  # rebinding moves the hooks
     assert sum(hook_counts(target)) == 0 and sum(hook_counts(other)) == 3 and sum(bare) == 0
@@ -481,6 +483,24 @@ def test_unbind_and_rebind():
         assisted(target, draft, ids, max_new_tokens=12)
     draft.unbind()
     assert sum(hook_counts(other)) == 0
+
+
+def test_automodel_draft_works_as_users_write_it(tmp_path):
+    """`draft = AutoModel.from_pretrained(repo)` then `target.generate(**inputs, assistant_model=draft)`, no bind."""
+    target, draft = make_pair("llama", seed=4, draft_vocab_size=128)
+    draft.set_vocab_mapping(torch.arange(3, 131))
+    draft.save_pretrained(tmp_path / "draft", save_embeddings=False)  # as published: the target's embedding
+    draft.unbind()
+    loaded = AutoModel.from_pretrained(tmp_path / "draft", dtype=torch.float32)
+    assert loaded.target is None
+    inputs = {"input_ids": random_prompts(1, seed=11), "attention_mask": torch.ones(1, 8, dtype=torch.long)}
+    out = target.generate(**inputs, assistant_model=loaded, do_sample=False, max_new_tokens=20)
+    assert torch.equal(out, target.generate(**inputs, do_sample=False, max_new_tokens=20))
+    assert loaded.target is target and torch.equal(loaded.embed_tokens.weight, target.get_input_embeddings().weight)
+    assert loaded.last_assisted_stats["draft_rounds"] >= 2
+    other = make_tiny_target("llama", seed=9)  # bound once: another model must bind it explicitly
+    with pytest.raises(RuntimeError, match="bound to another model"):
+        other.generate(**inputs, assistant_model=loaded, do_sample=False, max_new_tokens=4)
 
 
 def test_deleted_draft_leaves_inert_hooks():
@@ -500,8 +520,13 @@ def test_deleted_draft_leaves_inert_hooks():
 def test_clear_errors():
     target, draft = make_pair("llama")
     fresh = Eagle3DraftModel.from_target(target)
-    with pytest.raises(RuntimeError, match="not bound"):
-        target.generate(random_prompts(1), assistant_model=fresh, max_new_tokens=4)
+    assisting = GenerationConfig(is_assistant=True, max_new_tokens=2)
+    with pytest.raises(RuntimeError, match="not bound.*not transformers' assisted generation.*bind"):
+        fresh.generate(random_prompts(1), generation_config=assisting)  # called by hand: no model to bind to
+    misfit = Eagle3DraftModel.from_target(make_tiny_target("llama", num_hidden_layers=8), aux_layer_ids=[1, 5, 7])
+    with pytest.raises(ValueError, match="does not fit"):  # the automatic binding checks the fit first
+        target.generate(random_prompts(1), assistant_model=misfit, max_new_tokens=4)
+    assert misfit.target is None
     with pytest.raises(ValueError, match="cannot generate on its own"):
         draft.generate(random_prompts(1), max_new_tokens=4)
     for overrides in (dict(hidden_size=96), dict(num_hidden_layers=2), dict(vocab_size=300)):
