@@ -74,8 +74,10 @@ DEFAULTS: dict = {
     "output_dir": None,  # final draft folder (default: <work_dir>/draft)
     "push_to_hub": None,  # repo id
     "private": False,
-    # later recipe files (paths from the directory the command runs in), trained in order after this one, each
-    # continuing the draft the one before wrote (its draft.init_from): a draft trained in stages, in one command
+    # later stages, trained in order after this one, each continuing the draft the one before wrote (its
+    # draft.init_from): a draft trained in stages, in one command. A stage is a mapping of changes to the stage before
+    # it (its work_dir defaults to <work_dir>-stage<i>; `data.add_sources` appends sources to the earlier ones, which
+    # become `eval: false`), or the path of a recipe file (from the directory the command runs in)
     "stages": [],
 }
 # keys a command-line override sets for the first recipe only, not for its later stages
@@ -189,18 +191,47 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -
     return recipe
 
 
+def stage_from_changes(before: dict, changes: dict, i: int, first_work_dir: str) -> dict:
+    """Stage ``i``: the recipe of the stage ``before`` it with ``changes`` merged in. It continues that stage's draft
+    (``draft.init_from``), writes where it did unless told otherwise, and has a work_dir of its own."""
+    changes = copy.deepcopy(changes)
+    stage = copy.deepcopy(before)
+    stage["stages"] = []
+    stage["draft"]["init_from"] = before["output_dir"]
+    stage["work_dir"] = f"{first_work_dir}-stage{i}"
+    stage["features"]["reuse_from"] = []  # an earlier run's features are named by each stage that takes them
+    added = (changes.get("data") or {}).pop("add_sources", None) if isinstance(changes.get("data"), dict) else None
+    if added is not None:
+        if not isinstance(added, list):
+            raise ValueError(f"stage {i}: data.add_sources must be a list of data sources, got {added!r}")
+        earlier = [{"path": src} if isinstance(src, str) else dict(src) for src in stage["data"]["sources"]]
+        stage["data"]["sources"] = [{**src, "eval": False} for src in earlier] + added  # trained on by a stage before
+    if "stages" in changes:
+        raise ValueError(f"stage {i} lists stages of its own: list every stage in the first recipe")
+    try:
+        _merge(stage, changes)
+    except KeyError as e:
+        raise KeyError(f"stage {i}: {e.args[0]}") from None
+    return stage
+
+
 def load_stages(recipe: dict, overrides: dict | None = None) -> list[dict]:
-    """The recipe and its later ``stages``, each loaded with ``overrides`` (but for ``FIRST_STAGE_ONLY`` keys) and
+    """The recipe and its later ``stages``, each with ``overrides`` applied (but for ``FIRST_STAGE_ONLY`` keys) and
     checked to continue the draft the stage before writes; raises before anything is trained."""
-    paths = recipe["stages"]
-    if not isinstance(paths, list) or not all(isinstance(p, str) for p in paths):
-        raise ValueError(f"stages must be a list of recipe files, got {paths!r}")
+    stages = recipe["stages"]
+    if not isinstance(stages, list) or not all(isinstance(p, (str, dict)) for p in stages):
+        raise ValueError(f"stages must be a list of changes to the stage before (mappings) or recipe files, got {stages!r}")
     later = {k: v for k, v in (overrides or {}).items() if k not in FIRST_STAGE_ONLY}
     chain = [recipe]
-    for i, path in enumerate(paths, start=2):
-        if not Path(path).is_file():
-            raise ValueError(f"stage {i} recipe {path} not found (stages are paths from the directory you run in)")
-        stage = load_recipe(path, later)
+    for i, item in enumerate(stages, start=2):
+        if isinstance(item, dict):
+            stage = _merge(stage_from_changes(chain[-1], item, i, recipe["work_dir"]), copy.deepcopy(later))
+            path = f"(stages[{i - 2}])"
+        else:
+            path = item
+            if not Path(path).is_file():
+                raise ValueError(f"stage {i} recipe {path} not found (stages are paths from the directory you run in)")
+            stage = load_recipe(path, later)
         if stage["stages"]:
             raise ValueError(f"stage {i} recipe {path} lists stages of its own: list every stage in the first recipe")
         before, init = chain[-1]["output_dir"], stage["draft"]["init_from"]

@@ -635,7 +635,9 @@ def run(args) -> int:
         chain = load_stages(load_recipe(args.config, overrides), overrides)
         for stage in chain:
             check_recipe(stage)
-        for i, (name, recipe) in enumerate(zip([args.config, *chain[0]["stages"]], chain), start=1):
+        names = [args.config] + [st if isinstance(st, str) else f"{args.config} stage {i}"
+                                 for i, st in enumerate(chain[0]["stages"], start=2)]
+        for i, (name, recipe) in enumerate(zip(names, chain), start=1):
             if len(chain) > 1:
                 print(f"[stages] stage {i}/{len(chain)}: {name}", flush=True)
             if args.resume and finished_run(recipe):

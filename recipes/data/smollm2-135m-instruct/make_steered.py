@@ -1,18 +1,15 @@
-"""Data for later stages of the reference draft: prompts written by SmolLM2-135M-Instruct itself, each started by one
-of a set of openers, answered greedily by the same target.
+"""The self-written prompts of the reference draft's later stages: prompts written by SmolLM2-135M-Instruct itself,
+each started by one of a set of openers (a small target left alone mostly asks for advice), answered greedily by the
+same target.
 
-    python results/smollm2-135m-instruct/data/make_steered.py --seed 7 [--dtype bfloat16]   # stage 8 (session 12)
-    python results/smollm2-135m-instruct/data/make_steered.py --seed 8                      # stage 9 (session 13)
-    python results/smollm2-135m-instruct/data/make_steered.py --seed 9                      # stage 10 (session 14)
-    python results/smollm2-135m-instruct/data/make_steered.py --seed 10                     # stage 11 (session 16)
+    python recipes/data/smollm2-135m-instruct/make_steered.py --seed 10
 
-Writes ``synthesized_prompts_steered_seed{N}.jsonl`` and ``regenerated_steered_seed{N}.jsonl`` next to this file.
-Resumable: the prompts and the answers are appended batch by batch, a rerun skips what is there. Sessions 12-13 ran
-it in bfloat16 on a CPU with bf16 units (batched generation is several times faster there than in float32); a bf16
-greedy answer can part from a float32 one at a near-tie, which changes nothing for training data (the draft learns
-the target's distribution; its features are computed by the training recipe). A later stage's recipe reads the
-answers with `regenerate: false`, as stages 3-8 read theirs. (Seeds 2-6 were made by the stage recipes themselves,
-`data.synthesize` with their `synthesize_openers`.)
+Writes ``synthesized_prompts_steered_seed{N}.jsonl`` (the prompts) and ``regenerated_steered_seed{N}.jsonl`` (the
+answered conversations that recipes/smollm2-135m-instruct.yaml reads) next to this file. Resumable: prompts and
+answers are appended batch by batch, a rerun skips what is there. Sampling depends on the batch size and the dtype,
+so each seed's defaults are the ones its file was made with (a bf16 greedy answer can part from a float32 one at a
+near-tie, which changes nothing for training data: the draft learns the target's distribution). The same data comes
+from a recipe alone with ``data.synthesize``, ``data.synthesize_seed`` and ``data.synthesize_openers``.
 """
 
 import argparse
@@ -24,10 +21,37 @@ from eagle3_hub.targets import load_target
 from eagle3_hub.training.data import regenerate, synthesize_prompts
 
 HERE = Path(__file__).parent
-# Generic starts of a request, never a benchmark question; each seed has its own set (stages 3-7 used others, in
-# their recipes). Both aim at the MT-bench kinds of request where the draft accepts least in bf16 (stage 7, all 80
-# first turns: math 2.81, STEM 2.80, writing 3.04, reasoning 3.08).
+# Generic starts of a request, never a benchmark question; each seed has its own set, aimed at the kinds of request
+# (MT-bench categories) where the draft of the stage before accepted least.
 OPENERS = {
+    2: ["", "Write", "Compose", "Write a short story", "Draft an email", "Imagine you are", "Pretend to be", "Act as",
+        "Explain", "Describe", "What is the difference between", "Why", "How", "Solve", "Calculate",
+        "Write a Python function", "Write a program", "Given the following", "Extract", "Summarize", "Compare",
+        "Suggest", "Rewrite", "Edit the following", "List", "Discuss"],
+    3: ["", "Write a poem", "Write a persuasive essay", "Write a blog post", "Craft", "Create a", "You are a",
+        "Assume the role of", "Suppose", "If", "A train", "Find", "Prove", "Implement", "Write a C++ program",
+        "Write a JavaScript function", "Debug", "Identify", "Analyze", "Evaluate", "Provide", "Can you", "Tell me",
+        "Outline", "Translate", "Classify", "Consider", "In the field of", "Here is a", "Please"],
+    4: ["", "Generate", "Design", "Develop a", "Paraphrase", "Role-play as", "You are an expert", "Imagine",
+        "In a world where", "Estimate", "What would happen if", "Answer the following", "Determine", "Show that",
+        "Write a SQL query", "Write a Bash script", "Fix the bug", "Parse", "Convert", "Given a list", "Which",
+        "Who was", "Is it true that", "Argue", "Critique", "Brainstorm", "Plan", "Recommend", "Teach me",
+        "Give an example of"],
+    5: ["", "Explain the concept of", "How does", "What is the role of", "Describe the process of",
+        "What are the main causes of", "Explain how", "What are the advantages and disadvantages of",
+        "Write a Python function that", "Write a function to", "Implement", "Given an array", "Write a class",
+        "What is the time complexity of", "A store", "Calculate the", "Solve for", "How many",
+        "What is the probability that", "Write a descriptive paragraph about", "Write a letter", "Write a speech",
+        "Write an essay on", "Write a product description", "Write a story about", "Explain why",
+        "What are the key differences between", "If all", "Think step by step", "Describe the history of",
+        "What are some tips for", "Act as a", "Summarize the main ideas of", "Evaluate the"],
+    6: ["", "What is the difference between", "How do scientists", "Explain the science behind", "What happens when",
+        "Why do", "Describe how", "What are the applications of", "Compose a poem about", "Draft an email",
+        "Write a short story in which", "Write a persuasive essay", "Create a dialogue between",
+        "Write a blog post about", "Write a program that", "Write a SQL query", "How would you implement",
+        "Explain this code", "Write a unit test for", "Find the", "Prove that", "A train", "What is the sum of", "If a",
+        "Suppose", "Which of the following", "Imagine you are", "Compare and contrast", "Give me a plan for",
+        "Rewrite the following", "List the", "What would happen if"],
     7: ["", "Calculate", "How many", "Solve for", "What is the probability that", "A store sells",
         "Explain step by step how", "Why does", "What causes", "How does the human body", "Describe the process of",
         "What is the role of", "Write a speech about", "Write a cover letter for", "Write a haiku about",
@@ -42,8 +66,7 @@ OPENERS = {
         "Evaluate the argument that", "Write a recursive function", "Optimize this", "Write a regular expression",
         "Identify the named entities in", "Return a JSON object", "What were the causes of", "Discuss the impact of",
         "How did", "Give me advice on", "Rank the following"],
-    # seed 9 (session 14): coding, STEM and writing, where stage 8 accepts least on all 80 MT-bench first turns in
-    # bf16 (coding 2.88, STEM 2.93, writing 2.95, math 3.09)
+    # coding, STEM and writing
     9: ["", "Write a JavaScript function", "Implement a class", "Write a program that", "Fix the bug in",
         "Explain what this code does", "Write a function to find", "What is the difference between a", "Explain how",
         "What happens when", "Why is the sky", "How do scientists", "Describe the structure of", "In physics,",
@@ -51,8 +74,7 @@ OPENERS = {
         "Compose a", "Edit this paragraph", "A rectangle has", "Find the", "If x", "What is the sum of",
         "Suppose that", "Imagine you are", "Give an example of", "List five", "Compare and contrast",
         "What are the main", "Summarize"],
-    # seed 10 (session 16): STEM, reasoning, humanities and writing, where stage 10 accepts least on 40 MT-bench first
-    # turns in float32 (STEM 2.98, reasoning 3.04, humanities 3.11, writing 3.11; stage10_vs_stage9_float32/)
+    # STEM, reasoning, humanities and writing
     10: ["", "Explain the concept of", "How does a", "What is the function of", "Describe how energy",
          "What is the difference between", "In chemistry,", "In biology,", "How would an engineer", "Why do",
          "If it takes", "A train leaves", "Who is taller if", "What comes next in the sequence", "Is the following",
@@ -64,13 +86,20 @@ OPENERS = {
 }
 
 
+# (dtype, prompts per batch, prompts) each seed's file was made with
+MADE_WITH = {2: ("float32", 16, 640), 3: ("float32", 16, 640), 4: ("float32", 96, 640), 5: ("float32", 96, 960),
+             6: ("float32", 96, 960), **{n: ("bfloat16", 96, 960) for n in range(7, 11)}}
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--seed", type=int, required=True, choices=sorted(OPENERS))
-    ap.add_argument("--dtype", default="bfloat16")
-    ap.add_argument("--num-prompts", type=int, default=960)
-    ap.add_argument("--batch-size", type=int, default=96)
+    ap.add_argument("--dtype", help="default: the seed's (MADE_WITH)")
+    ap.add_argument("--num-prompts", type=int, help="default: the seed's (MADE_WITH)")
+    ap.add_argument("--batch-size", type=int, help="default: the seed's (MADE_WITH)")
     args = ap.parse_args()
+    dtype, batch, num = MADE_WITH[args.seed]
+    args.dtype, args.batch_size, args.num_prompts = args.dtype or dtype, args.batch_size or batch, args.num_prompts or num
     torch.set_num_threads(2)
     target, tok = load_target(None, dtype=getattr(torch, args.dtype))
     with torch.inference_mode():

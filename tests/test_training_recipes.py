@@ -1,0 +1,70 @@
+"""The shipped recipes: each loads and passes the checks, the reference recipe's stages are changes inside the one
+file and its last stage is the shipped draft's training; stages given as changes continue the draft before them."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from eagle3_hub.training.data import PRESETS
+from eagle3_hub.training.recipe import load_recipe, load_stages
+from eagle3_hub.training.train import check_recipe
+from test_training import data_dir, recipe_for, run_cli, smol_tokenizer, tiny_target_dir, write_recipe  # noqa: F401
+
+ROOT = Path(__file__).parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=[p.name for p in RECIPES])
+def test_every_shipped_recipe_loads_passes_the_checks_and_finds_its_data(path, monkeypatch):
+    monkeypatch.chdir(ROOT)  # recipe paths are from the repository root
+    chain = load_stages(load_recipe(path))
+    for stage in chain:
+        check_recipe(stage)
+        for src in stage["data"]["sources"]:
+            p = src if isinstance(src, str) else src["path"]
+            assert p in PRESETS or "/" in p and not p.startswith(("recipes/", "./", "../")) or Path(p).is_file(), p
+    assert len({r["work_dir"] for r in chain}) == len(chain)
+
+
+def test_the_reference_recipe_holds_every_stage_and_its_last_is_the_shipped_drafts_training(monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert not list((ROOT / "recipes").glob("smollm2-135m-instruct-*.yaml"))  # one recipe per target
+    chain = load_stages(load_recipe("recipes/smollm2-135m-instruct.yaml"))
+    assert len(chain) == 11
+    shipped = json.loads((ROOT / "eagle3_hub/reference_draft/smollm2-135m-instruct/training_metrics.json").read_text())
+    last, trained = chain[-1], shipped["recipe"]
+    assert last["output_dir"] == "eagle3_hub/reference_draft/smollm2-135m-instruct"
+    assert all(r["draft"]["init_from"] == before["output_dir"] for before, r in zip(chain, chain[1:]))
+    for key in ("ttt_steps", "max_steps", "batch_size", "lr", "warmup_steps", "grad_clip", "step_weight", "seed"):
+        assert last["train"][key] == trained["train"][key], key
+    for key in ("draft_vocab_size", "reselect_vocab"):
+        assert last["draft"][key] == trained["draft"][key], key
+    assert last["target"]["dtype"] == trained["target"]["dtype"]
+    names = [(Path(s["path"]).name, s.get("eval", True)) for s in last["data"]["sources"]]
+    assert names == [(Path(s["path"]).name, s.get("eval", True)) for s in trained["data"]["sources"]]
+    assert all((ROOT / s["path"]).is_file() for s in last["data"]["sources"])  # the data is in the repository
+
+
+def test_stages_given_as_changes_continue_the_draft_before_them(tmp_path, tiny_target_dir, data_dir, capsys):
+    short = {"max_steps": 2, "eval_every": 2, "save_every": 2}
+    first = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train=short)
+    first["stages"] = [{"data": {"add_sources": [str(data_dir / "ultrachat.parquet")]}, "train": {"max_steps": 3}}]
+    config = write_recipe(tmp_path / "one.yaml", first)
+    chain = load_stages(load_recipe(config))
+    second = chain[1]
+    assert second["work_dir"] == first["work_dir"] + "-stage2" and second["draft"]["init_from"] == first["output_dir"]
+    assert second["data"]["sources"] == [{"path": str(data_dir / "sharegpt.jsonl"), "eval": False},
+                                         str(data_dir / "ultrachat.parquet")]
+    assert second["train"]["max_steps"] == 3 and second["train"]["eval_every"] == 2  # the rest carried over
+    assert run_cli(config, "--train.lr", "0.002") == 0  # an override reaches every stage
+    assert "[stages] stage 2/2: " in capsys.readouterr().out
+    metrics = json.loads((Path(second["output_dir"]) / "training_metrics.json").read_text())
+    assert metrics["steps"] == 3 and metrics["recipe"]["train"]["lr"] == 0.002
+    assert metrics["data"]["eval_candidates"] == 12  # held out only from the stage's new data
+    (lineage,) = metrics["earlier_stages"]
+    assert lineage["steps"] == 2
+    with pytest.raises(KeyError, match=r"stage 2: Unknown recipe key `train.learning_rate`"):
+        load_stages(load_recipe(config, {"stages": [{"train": {"learning_rate": 1}}]}))
