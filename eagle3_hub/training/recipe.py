@@ -38,6 +38,9 @@ DEFAULTS: dict = {
         "max_length": 1024,
         "eval_samples": 64,
         "num_proc": None,
+        # seed of the data's order and held-out split (default: train.seed); runs that differ only in train.seed then
+        # share the same data and held-out samples (the A/B harness)
+        "seed": None,
     },
     # mode: online | offline (safetensors shards on disk); reuse_from: earlier runs' work_dirs whose offline
     # features of the same samples are copied instead of computed again (a later training stage)
@@ -149,6 +152,11 @@ def _merge(base: dict, update: dict, path: str = "", schema: dict | None = None)
         else:
             base[key] = value
     return base
+
+
+def merge_changes(recipe: dict, changes: dict) -> dict:
+    """``recipe`` with the nested ``changes`` merged in (checked against the known keys), in place."""
+    return _merge(recipe, changes)
 
 
 def parse_overrides(pairs: list[str]) -> dict:

@@ -81,7 +81,8 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
 def data_key(recipe: dict, tokenizer) -> dict:
     """What the tokenised data depends on: a different key rebuilds it (the `datasets` cache keeps reruns cheap)."""
     target = {k: v for k, v in recipe["target"].items() if k != "dtype"}
-    return {"data": recipe["data"], "seed": recipe["train"]["seed"], "target": target,
+    data = {k: v for k, v in recipe["data"].items() if not (k == "seed" and v is None)}
+    return {"data": data, "seed": data_seed(recipe), "target": target,
             "tokenizer": getattr(tokenizer, "name_or_path", None)}
 
 
@@ -102,6 +103,11 @@ def held_out_split(tok: Dataset, eval_samples: int, seed: int) -> DatasetDict:
     return split.remove_columns([c for c in ("eval_ok",) if c in tok.column_names])
 
 
+def data_seed(recipe: dict) -> int:
+    """The seed of the data's order and held-out split: ``data.seed``, else ``train.seed``."""
+    return recipe["train"]["seed"] if recipe["data"]["seed"] is None else recipe["data"]["seed"]
+
+
 def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
     """Conversations -> tokenised train/eval splits, saved under work_dir/data (reruns reuse them)."""
     work = Path(recipe["work_dir"]) / "data"
@@ -115,7 +121,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
         if stale:
             print(f"[data] the data settings changed since {final} was written: rebuilding it")
         convs = build_conversations(
-            d["sources"], target, tokenizer, work, seed=recipe["train"]["seed"], synthesize=d["synthesize"],
+            d["sources"], target, tokenizer, work, seed=data_seed(recipe), synthesize=d["synthesize"],
             regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
             batch_size=d["gen_batch_size"], max_turns=d["max_turns"], strip_patterns=d["strip_patterns"],
             synthesize_seed=d["synthesize_seed"], synthesize_openers=d["synthesize_openers"],
@@ -125,7 +131,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
         if len(tok) < 2:
             raise DataError(f"Only {len(tok)} usable sample(s) ({report}): training needs at least 2 (train + held-out).")
         tok = tok.add_column("index", list(range(len(tok))))
-        split = held_out_split(tok, d["eval_samples"], recipe["train"]["seed"])
+        split = held_out_split(tok, d["eval_samples"], data_seed(recipe))
         with atomic_dir(final) as tmp:
             split.save_to_disk(str(tmp))
         report["eval_candidates"] = sum(tok["eval_ok"])  # samples of no `eval: false` source
@@ -246,6 +252,8 @@ def check_recipe(recipe: dict) -> None:
     bad = [f"train.{k}={t[k]!r}" for k in positive if isinstance(t[k], bool) or not isinstance(t[k], int) or t[k] < 1]
     if t["max_steps"] is not None and (not isinstance(t["max_steps"], int) or t["max_steps"] < 1):
         bad.append(f"train.max_steps={t['max_steps']!r}")
+    if data["seed"] is not None and (isinstance(data["seed"], bool) or not isinstance(data["seed"], int)):
+        bad.append(f"data.seed={data['seed']!r}")
     if not isinstance(data["max_length"], int) or data["max_length"] < 4:
         bad.append(f"data.max_length={data['max_length']!r}")
     if bad:
