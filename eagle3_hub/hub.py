@@ -17,9 +17,6 @@ from pathlib import Path
 
 from .formats import CODE_FILES  # the code files trust_remote_code needs
 
-CUSTOM_GENERATE = "custom_generate/generate.py"
-CUSTOM_GENERATE_LEAN = "custom_generate/lean_target_forward.py"  # imported by generate.py (relative import)
-
 # files of a training run that do not belong in a published draft
 IGNORE_PATTERNS = [".*", "__pycache__", "*.pyc", "checkpoint-*", "optimizer.pt", "scheduler.pt", "rng_state*.pth",
                    "trainer_state.json", "events.out.tfevents.*", "runs", "*.tmp"]
@@ -52,14 +49,12 @@ def files_to_upload(folder: str | Path, ignore_patterns: list[str] | None = None
     if needed & set(CODE_FILES):
         needed |= set(CODE_FILES)  # modeling imports the assistant mixin and the config
     package = Path(__file__).resolve().parent
-    if needed & set(CODE_FILES):
-        needed |= {CUSTOM_GENERATE, CUSTOM_GENERATE_LEAN}  # tree decoding for `target.generate(custom_generate=repo)`
-    sources = {
-        CUSTOM_GENERATE: package / "generation" / "tree_decoding.py",
-        CUSTOM_GENERATE_LEAN: package / "generation" / "lean_target_forward.py",
-    }
-    for name in sorted(needed):
-        src = sources.get(name, package / name)
+    sources = {name: package / name for name in needed}
+    if needed & set(CODE_FILES):  # tree decoding for `target.generate(custom_generate=repo)`
+        from .generation.tree import custom_generate_files
+
+        sources.update(custom_generate_files())
+    for name, src in sorted(sources.items()):
         if name not in files and src.is_file():
             files[name] = src
     return files

@@ -242,10 +242,14 @@ def test_remote_code_files_travel_with_an_auto_map(tmp_path):
     config["auto_map"] = {"AutoConfig": "configuration_eagle3.Eagle3Config", "AutoModel": "modeling_eagle3.Eagle3DraftModel"}
     (draft / "config.json").write_text(json.dumps(config))
     files = files_to_upload(draft)
-    for name in ("configuration_eagle3.py", "modeling_eagle3.py", "eagle3_assistant.py", "custom_generate/generate.py",
-                 "custom_generate/lean_target_forward.py"):
+    from eagle3_hub.generation.tree import custom_generate_files
+
+    hub_path = list(custom_generate_files())  # the Hub entry and every module it imports
+    assert "custom_generate/generate.py" in hub_path and len(hub_path) > 1
+    for name in ("configuration_eagle3.py", "modeling_eagle3.py", "eagle3_assistant.py", *hub_path):
         assert name in files and files[name].is_file()
-    assert "def tree_generate" in files["custom_generate/generate.py"].read_text()
+    entry = files["custom_generate/generate.py"].read_text()
+    assert "def generate(" in entry and "tree_generate" in entry  # transformers' entry point, running tree decoding
 
 
 def test_push_command_takes_endpoint_and_token_from_the_environment(tmp_path):
