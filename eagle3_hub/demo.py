@@ -1,7 +1,7 @@
 """Side-by-side speed demo: plain decoding of a target next to EAGLE-3 tree decoding of the same target.
 
 One prompt, two panes that stream together. The left pane is plain decoding (one target forward per token,
-as ``target.generate`` does), the right pane is ``eagle3_hub.generation.tree_decoding.generate`` with an EAGLE-3 draft. Same
+as ``target.generate`` does), the right pane is ``eagle3_hub.generation.tree.generate`` with an EAGLE-3 draft. Same
 target, same settings; at greedy decoding both texts end identical (the method is lossless). Tokens that the
 draft proposed and the target accepted are highlighted in the right pane.
 
@@ -532,8 +532,8 @@ def race(loaded: LoadedPair, plain_messages: list[dict], eagle_messages: list[di
     Yields ``(plain: PaneView, eagle: PaneView)`` while they run (at most every ``refresh_seconds`` when
     something changed) and once more at the end. Closing the generator stops the decoding thread.
     """
-    from .generation.tree_decoding import attention_kernels
-    from .generation.tree_decoding import generate as tree_generate
+    from .generation.tree import attention_kernels
+    from .generation.tree import generate as tree_generate
 
     tok = loaded.tokenizer
     plain_ids = loaded.encode(plain_messages)  # (1, n)
@@ -817,7 +817,7 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
     def clear():
         return render_pane("plain", None), render_pane("eagle", None), render_stats(None, None), []
 
-    from .generation.tree_decoding import tree_defaults
+    from .generation.tree import tree_defaults
 
     default_pair = cache.pairs[cache.default]
     try:

@@ -388,7 +388,7 @@ def test_bare_command_needs_only_the_reference_draft(tmp_path):
         return
     assert bench_command.run(args) == 0
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert data["settings"]["methods"] == ["plain", "lookup", "assisted", "tree"]
+    assert data["settings"]["methods"] == ["plain", "same_forward", "lookup", "assisted", "tree"]
 
 
 def test_smollm2_chat_bench_is_lossless(tmp_path):
@@ -401,12 +401,12 @@ def test_smollm2_chat_bench_is_lossless(tmp_path):
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=8192).eval()  # the training default
     draft.bind(target)
     (suite,) = suites.load_suites("mt_bench", num_questions=1)
-    res = run_benchmark(target, tok, [suite], methods=["plain", "assisted", "tree"], draft=draft,
+    res = run_benchmark(target, tok, [suite], methods=["plain", "same_forward", "assisted", "tree"], draft=draft,
                         max_new_tokens=8, warmup=0, progress=False)
     assert all(e["lossless"] and e["turns"] == 2 for e in res["lossless"].values()), res["lossless"]
     turn1 = {r["method"]: r for r in res["records"] if r["turn"] == 1}
     turn2 = {r["method"]: r for r in res["records"] if r["turn"] == 2}
-    assert len(turn2) == 3
+    assert len(turn2) == 4
     for m, r in turn2.items():  # system prompt + turn 1 + its answer + turn 2
         assert r["prompt_tokens"] > turn1[m]["prompt_tokens"] + turn1[m]["new_tokens"]
 
@@ -421,3 +421,46 @@ def test_machine_info_records_the_thread_settings_that_change_cpu_timings(monkey
     info = machine.machine_info(torch.device("cpu"), torch.float32)
     assert info["threading_env"] == {"OMP_NUM_THREADS": "2", "OMP_WAIT_POLICY": "PASSIVE"}
     assert "OMP_WAIT_POLICY=PASSIVE, float32" in machine.describe_machine(info)
+
+
+# ----------------------------------------------------------------------------------------- same forward
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_same_forward_greedy_equals_plain_greedy_in_float32(arch):
+    """Plain decoding through tree decoding's own forward and head: token for token ``target.generate``'s greedy
+    output, and on a CPU it does take the lean forward and the head that verification takes."""
+    from eagle3_hub.benchmark.same_forward import same_forward_generate
+
+    target = make_tiny_target(arch)
+    for seed, (length, new) in enumerate([(5, 24), (17, 40), (40, 9)]):
+        ids = torch.randint(8, 250, (1, length), generator=torch.Generator().manual_seed(seed))
+        with torch.inference_mode():
+            ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
+                                  eos_token_id=None, pad_token_id=0)
+        out, stats = same_forward_generate(target, ids, new)
+        assert out.tolist() == ref.tolist()
+        assert stats.target_forwards == new and stats.lean_forward
+    # an end token stops it as it stops generate
+    eos = int(ref[0, length + 3])
+    out, stats = same_forward_generate(target, ids, new, eos_token_id=[eos])
+    assert out[0, -1].item() == eos and out.shape[1] <= ref.shape[1]
+    # sampling runs and draws from the top-k
+    torch.manual_seed(0)
+    out, _ = same_forward_generate(target, ids, 8, do_sample=True, temperature=0.7, top_k=5, top_p=0.9)
+    assert out.shape == (1, ids.shape[1] + 8)
+    with pytest.raises(ValueError, match="one row"):
+        same_forward_generate(target, ids.repeat(2, 1), 4)
+
+
+def test_bench_reports_speedups_over_both_baselines(tiny, tmp_path):
+    target, tok = tiny
+    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), methods=["plain", "same_forward", "lookup"],
+                        max_new_tokens=12, warmup=0, progress=False)
+    assert res["lossless"]["same_forward"]["lossless"] and res["lossless"]["same_forward"]["turns"] == 2
+    rows = {r["method"]: r for r in res["results"] if r["suite"] == "mt_bench"}
+    sf = rows["same_forward"]
+    assert sf["mean_acceptance_length"] == 1.0 and sf["acceptance_by_position"] is None
+    assert sf["speedup_same_forward"] == pytest.approx(1.0)
+    lookup = rows["lookup"]
+    assert lookup["speedup_same_forward"] == pytest.approx(lookup["tokens_per_s"] / sf["tokens_per_s"])
+    table = report.markdown_report(res)
+    assert "| Speed-up | vs same forward |" in table and "what speculation alone buys" in table

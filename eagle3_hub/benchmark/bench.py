@@ -4,9 +4,12 @@ Methods (``--methods``):
 
 - ``plain``: ``target.generate`` (greedy or sampling). Always run: every speed-up is measured against it, in
   the same run.
+- ``same_forward``: plain decoding, one token per step, through the target forward and output head that tree
+  decoding verifies with (``same_forward``); speed-ups against it (``speedup_same_forward``) are what
+  speculation buys on its own.
 - ``lookup``: transformers' prompt-lookup decoding (``prompt_lookup_num_tokens``).
 - ``assisted``: our EAGLE-3 draft as a transformers assistant (``assistant_model=draft``).
-- ``tree``: our EAGLE-3 tree decoding (``eagle3_hub.generation.tree_decoding.generate``).
+- ``tree``: our EAGLE-3 tree decoding (``eagle3_hub.generation.tree.generate``).
 - ``assistant``: any small causal LM as a classic assistant (``--assistant-model``).
 
 Measurement: methods are interleaved per question (their order rotates from one question to the next) after a
@@ -31,13 +34,14 @@ from typing import Callable
 
 import torch
 
-from ..generation.tree_decoding import attention_kernels
+from ..generation.tree import attention_kernels
 from ..targets import default_draft
 from .machine import machine_info
 from .near_ties import near_tie_check, reduced_precision
 from .suites import Suite
 
-METHOD_NAMES = ("plain", "lookup", "assisted", "tree", "assistant")
+METHOD_NAMES = ("plain", "same_forward", "lookup", "assisted", "tree", "assistant")
+SAME_FORWARD = "same_forward"  # the second baseline: plain decoding through tree decoding's forward
 DRAFT_METHODS = ("assisted", "tree")
 
 
@@ -201,7 +205,7 @@ class Method:
     """``run(input_ids, attention_mask, generation_config) -> (sequences (1, L), stats or None)``."""
 
     name: str
-    kind: str  # plain, lookup, assisted, tree, assistant
+    kind: str  # plain, same_forward, lookup, assisted, tree, assistant
     run: Callable
     tree_params: dict | None = None
 
@@ -228,6 +232,17 @@ def build_methods(
     for name in names:
         if name == "plain":
             methods.append(Method("plain", "plain", lambda ids, mask, gc: (target.generate(ids, attention_mask=mask, generation_config=gc), None)))
+        elif name == "same_forward":
+            from .same_forward import same_forward_generate
+
+            def run_same_forward(ids, mask, gc):
+                return same_forward_generate(
+                    target, ids, gc.max_new_tokens, do_sample=gc.do_sample,
+                    temperature=gc.temperature if gc.do_sample else 1.0, top_k=(gc.top_k or 0) if gc.do_sample else 0,
+                    top_p=gc.top_p if gc.do_sample else 1.0, eos_token_id=gc.eos_token_id,
+                )
+
+            methods.append(Method("same_forward", "same_forward", run_same_forward))
         elif name == "lookup":
             n = ctx.lookup_tokens
 
@@ -255,7 +270,7 @@ def build_methods(
 
             methods.append(Method("assistant", "assistant", run_assistant))
         elif name == "tree":
-            from ..generation.tree_decoding import generate as tree_generate
+            from ..generation.tree import generate as tree_generate
 
             grid = tree_grid or [{}]
             for params in grid:
@@ -329,6 +344,9 @@ def _accepted_from_tree_stats(stats) -> list[int]:
     return [max(int(n) - 1, 0) for n in stats.accepted_per_step]
 
 
+SELF_TIMED = ("tree", "same_forward")  # methods whose stats give their own forwards and times (no hooks)
+
+
 class TurnRunner:
     """Runs one method on one prompt under hooks and returns a TurnRecord."""
 
@@ -354,7 +372,7 @@ class TurnRunner:
         prompt_len = input_ids.shape[1]
         for hook in (self.verify_timer, self.draft_timer, self.starts):
             hook.reset()
-            hook.active = method.kind != "tree"  # tree decoding counts and times its own steps
+            hook.active = method.kind not in SELF_TIMED  # these count and time their own steps
         self.memory.reset()
         _sync(self.device)
         t0 = time.perf_counter()
@@ -374,6 +392,9 @@ class TurnRunner:
                                       "total_tokens": tree.get("total_tokens"), "lookup_tokens": tree.get("lookup_tokens"),
                                       "min_node_prob": tree.get("min_node_prob"),
                                       "grow_min_prob": tree.get("grow_min_prob")}
+        elif method.kind == "same_forward":  # one token per forward, no draft
+            forwards, draft_t, verify_t = stats.target_forwards, 0.0, stats.verify_time_s
+            accepted = [0] * forwards
         else:  # generate with or without an assistant: from where each target forward started
             accepted = self.starts.accepted_per_step(prompt_len, prompt_len + len(new_ids))
             forwards, draft_t, verify_t = len(self.starts.starts), self.draft_timer.total, self.verify_timer.total
@@ -460,7 +481,7 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
             accepted_total = sum(k * c for k, c in enumerate(hist))
             tau = 1 + accepted_total / steps
             # fraction of forwards that accepted >= k draft tokens; plain decoding drafts nothing
-            by_pos = None if method == plain_name else [sum(hist[k:]) / steps for k in range(1, max(len(hist), 2))]
+            by_pos = None if method in (plain_name, SAME_FORWARD) else [sum(hist[k:]) / steps for k in range(1, max(len(hist), 2))]
         else:
             forwards = sum(r.target_forwards for r in rs)
             tau = tokens / forwards if forwards else None
@@ -483,11 +504,14 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
             }
         )
     by_key = {(r["suite"], r["mode"], r["method"]): r for r in rows}
+
+    def ratio(r, base_name):
+        base = by_key.get((r["suite"], r["mode"], base_name))
+        return r["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] and r["tokens_per_s"] else None
+
     for r in rows:
-        base = by_key.get((r["suite"], r["mode"], plain_name))
-        r["speedup"] = (
-            r["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] and r["tokens_per_s"] else None
-        )
+        r["speedup"] = ratio(r, plain_name)  # over transformers' generate
+        r["speedup_same_forward"] = ratio(r, SAME_FORWARD)  # over the same forward without speculation
     return rows
 
 

@@ -30,7 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--suite", default="mt_bench", help=f"comma-separated: question.jsonl files or folders, names ({', '.join(STANDARD_SUITES)}, all) or Hub dataset ids")
     g.add_argument("--bench-dir", default=None, help="folder with <suite>.jsonl or <suite>/question.jsonl files (also $EAGLE3_HUB_BENCH_DIR)")
     g.add_argument("--num-questions", type=int, default=None, help="first N questions of each suite")
-    g.add_argument("--methods", default="plain,lookup,assisted,tree", help=f"comma-separated from {', '.join(METHOD_NAMES)}")
+    g.add_argument("--methods", default="plain,same_forward,lookup,assisted,tree",
+                   help=f"comma-separated from {', '.join(METHOD_NAMES)} (plain: transformers' generate, always run; "
+                        "same_forward: plain decoding through the forward and head tree decoding verifies with)")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--max-turns", type=int, default=None, help="user turns per question (MT-bench has 2; 1 = first turns only)")
     g.add_argument("--temperature", default="0", help="comma-separated; 0 = greedy (with the lossless check). E.g. 0,0.7")

@@ -100,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
     from ..devices import resolve_device_dtype
-    from ..generation.tree_decoding import generate
+    from ..generation.tree import generate
     from ..modeling_eagle3 import Eagle3DraftModel
     from ..targets import check_model_path, load_target
 
