@@ -3,7 +3,7 @@
 from transformers import AutoConfig, AutoModel
 
 from .configuration_eagle3 import Eagle3Config, default_aux_layer_ids
-from .generation.tree_decoding import TreeDecodingOutput, TreeDecodingStats, generate, tree_generate
+from .generation.tree import TreeConfig, TreeDecodingOutput, TreeDecodingStats, generate, tree_generate
 from .modeling_eagle3 import Eagle3DraftModel, Eagle3DraftOutput
 
 AutoConfig.register(Eagle3Config.model_type, Eagle3Config, exist_ok=True)

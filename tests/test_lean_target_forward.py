@@ -1,4 +1,4 @@
-"""The lean forward of Llama-family targets that CPU tree decoding verifies with (lean_target_forward.py)."""
+"""The lean forward of Llama-family targets that CPU tree decoding verifies with (eagle3_hub/generation/tree/lean_forward.py)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from tiny_models import make_tiny_target
 from transformers import DynamicCache
 
 from eagle3_hub import generate
-from eagle3_hub.generation import tree_decoding
-from eagle3_hub.generation.lean_target_forward import LeanTargetForward, unsupported_reason
+from eagle3_hub.generation.tree.lean_forward import LeanTargetForward, unsupported_reason
+from eagle3_hub.generation.tree.verification import forward_cache_kwarg
 
 LEAN_ARCHS = ["llama", "qwen2", "qwen3", "mistral"]
 
@@ -31,7 +31,7 @@ def test_lean_forward_computes_what_transformers_computes(arch, dtype):
     """A prompt causally, then a tree-masked block over the cache, in a batch of two: the same hidden states at
     every layer (transformers' indexing, the last one normed) and the same cache as the model's own forward."""
     target = make_tiny_target(arch, dtype=dtype)
-    lean = LeanTargetForward.for_model(target, tree_decoding._forward_cache_kwarg(target))
+    lean = LeanTargetForward.for_model(target, forward_cache_kwarg(target))
     assert lean is not None, unsupported_reason(target)
     g = torch.Generator().manual_seed(3)
     theirs, ours = DynamicCache(), DynamicCache()
@@ -42,7 +42,7 @@ def test_lean_forward_computes_what_transformers_computes(arch, dtype):
         mask = _tree_mask(start, n, dtype).expand(2, 1, n, start + n)
         with torch.no_grad():
             ref = target(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
-                         output_hidden_states=True, **{tree_decoding._forward_cache_kwarg(target): theirs})
+                         output_hidden_states=True, **{forward_cache_kwarg(target): theirs})
         last, states = lean(ids, pos, mask, ours)
         assert len(states) == len(ref.hidden_states) == target.config.num_hidden_layers + 1
         tol = dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
@@ -74,8 +74,8 @@ def test_lean_forward_steps_aside_where_it_does_not_reproduce_the_model():
     assert LeanTargetForward.for_model(adapted.base_model.model) is None
 
     a, b = make_tiny_target("llama", seed=0), make_tiny_target("llama", seed=1)
-    assert not LeanTargetForward(a)._agrees_with(b, tree_decoding._forward_cache_kwarg(b))
-    assert LeanTargetForward(a)._agrees_with(a, tree_decoding._forward_cache_kwarg(a))
+    assert not LeanTargetForward(a)._agrees_with(b, forward_cache_kwarg(b))
+    assert LeanTargetForward(a)._agrees_with(a, forward_cache_kwarg(a))
 
     # the verdict is kept while the weights are unchanged, and checked again after an in-place change
     calls = []

@@ -26,18 +26,22 @@ from transformers import (
 from transformers.generation.streamers import BaseStreamer
 
 from eagle3_hub import Eagle3DraftModel
-from eagle3_hub.generation import tree_decoding
-from eagle3_hub.generation.tree_decoding import (
+from eagle3_hub.generation.tree import (
     LOOKUP_SHARE,
     TREE_DEFAULTS,
     TreeDecodingOutput,
-    _PromptLookup,
     attention_kernels,
+    custom_generate_files,
+    drafting,
+    fast_paths,
     generate,
     tree_defaults,
     tree_generate,
+    verification,
     write_custom_generate,
 )
+from eagle3_hub.generation.tree.drafting import Drafter
+from eagle3_hub.generation.tree.lookup import PromptLookup as _PromptLookup
 
 # full trees (min_node_prob 0): every test of the tree's logic verifies all its nodes
 TREE = {"depth": 5, "tree_top_k": 4, "total_tokens": 16, "min_node_prob": 0.0}
@@ -135,14 +139,14 @@ def test_fixed_shape_draft_levels_build_the_same_trees(arch, device, monkeypatch
         torch.manual_seed(0)
         draft.midlayer.self_attn.o_proj.weight.normal_(std=0.3)
     trees: dict[bool, list] = {False: [], True: []}
-    draft_tree = tree_decoding._TreeDecoder._draft_tree
+    draft_tree = Drafter.draft_tree
 
-    def recording(self, depth):
-        out = draft_tree(self, depth)
+    def recording(self, depth, *args):
+        out = draft_tree(self, depth, *args)
         trees[self.levels is not None].append((depth, [t.clone() for t in out]))
         return out
 
-    monkeypatch.setattr(tree_decoding._TreeDecoder, "_draft_tree", recording)
+    monkeypatch.setattr(Drafter, "draft_tree", recording)
     prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4))]
     ids, mask = (t.to(device) for t in left_padded(prompts))
     outs = {
@@ -219,7 +223,7 @@ def test_prefill_trusts_the_head_once_it_gave_the_models_logits():
     for run in range(2):
         out = generate(scaled, copy_draft(scaled), ids, max_new_tokens=30, eos_token_id=[], **TREE)
         assert torch.equal(out.sequences, plain_greedy(scaled, ids, 30))
-        assert tree_decoding._head_verdicts[scaled][1] is False
+        assert verification._head_verdicts[scaled][1] is False
 
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="needs a torch build with oneDNN")
@@ -231,7 +235,7 @@ def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
     torch.manual_seed(0)
     for bias in (False, True):
         head = torch.nn.Linear(64, 300, bias=bias)
-        fast = tree_decoding._packed_head(head)
+        fast = fast_paths.packed_head(head)
         assert fast is not None
         for x in (torch.randn(1, 64), torch.randn(3, 64), torch.randn(13, 64), torch.randn(2, 5, 64),
                   torch.randn(2, 7, 64)[:, ::2]):
@@ -239,21 +243,21 @@ def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
     with torch.no_grad():
         head.weight.mul_(2)
     x = torch.randn(4, 64)
-    torch.testing.assert_close(tree_decoding._packed_head(head)(x), head(x), rtol=1e-5, atol=1e-5)
-    assert tree_decoding._packed_head(torch.nn.Linear(64, 300).to(torch.float16)) is None
+    torch.testing.assert_close(fast_paths.packed_head(head)(x), head(x), rtol=1e-5, atol=1e-5)
+    assert fast_paths.packed_head(torch.nn.Linear(64, 300).to(torch.float16)) is None
     if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # a bf16 head: F.linear's numbers to bf16 rounding
         bf16 = torch.nn.Linear(64, 300, bias=False).to(torch.bfloat16)
         x = torch.randn(5, 64).bfloat16()
-        got = tree_decoding._packed_head(bf16)(x)
+        got = fast_paths.packed_head(bf16)(x)
         assert got.dtype == torch.bfloat16
         torch.testing.assert_close(got.float(), bf16(x).float(), rtol=2e-2, atol=2e-2)
     hooked = torch.nn.Linear(64, 300)
     hooked.register_forward_hook(lambda m, i, o: o * 2)
-    assert tree_decoding._packed_head(hooked) is None
+    assert fast_paths.packed_head(hooked) is None
 
     target = make_tiny_target("llama")
     calls = []
-    real = tree_decoding._packed_head
+    real = fast_paths.packed_head
 
     def counting(head):
         fast = real(head)
@@ -261,7 +265,8 @@ def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
 
     ids = prompt(seed=1)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(tree_decoding, "_packed_head", counting)
+        mp.setattr(drafting, "packed_head", counting)  # the draft's head
+        mp.setattr(verification, "packed_head", counting)  # the target's
         out = generate(target, copy_draft(target), ids, max_new_tokens=60, eos_token_id=[], **TREE)
     assert torch.equal(out.sequences, plain_greedy(target, ids, 60))
     # every verification after the prefill, and every draft forward
@@ -282,14 +287,14 @@ def test_min_node_prob_verifies_only_the_nodes_the_draft_gives_a_chance(arch, mo
     with torch.no_grad():  # sharpen the copy draft's distribution, so that some nodes pass a threshold and some do not
         draft.lm_head.weight.mul_(20)
     trees = []
-    grow = tree_decoding._TreeDecoder._grow
+    grow = Drafter.grow
 
     def recording(self, depth, score, token, *args):
         out = grow(self, depth, score, token, *args)
         trees.append((self.min_node_logp, out))
         return out
 
-    monkeypatch.setattr(tree_decoding._TreeDecoder, "_grow", recording)
+    monkeypatch.setattr(Drafter, "grow", recording)
     ids = prompt(seed=7)
     ref = plain_greedy(target, ids, 80)
     shape = dict(depth=4, tree_top_k=4, total_tokens=16, lookup_tokens=0)
@@ -323,20 +328,20 @@ def test_min_node_prob_stops_drafting_levels_that_could_not_add_a_node(monkeypat
     with torch.no_grad():
         draft.lm_head.weight.mul_(20)
     trees: dict[bool, list] = {True: [], False: []}
-    draft_tree = tree_decoding._TreeDecoder._draft_tree
+    draft_tree = Drafter.draft_tree
     mode = {"stop": True}
 
-    def recording(self, depth):
-        out = draft_tree(self, depth)
+    def recording(self, depth, *args):
+        out = draft_tree(self, depth, *args)
         trees[mode["stop"]].append([t.clone() for t in out])
         return out
 
-    monkeypatch.setattr(tree_decoding._TreeDecoder, "_draft_tree", recording)
+    monkeypatch.setattr(Drafter, "draft_tree", recording)
     ids = prompt(seed=7)
     shape = dict(depth=4, tree_top_k=4, total_tokens=16, lookup_tokens=0, min_node_prob=0.1)
     stopping = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], **shape)
     mode["stop"] = False
-    monkeypatch.setattr(tree_decoding._TreeDecoder, "_can_grow", lambda self, f_score: True)  # every level
+    monkeypatch.setattr(Drafter, "can_grow", lambda self, f_score: True)  # every level
     every = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], **shape)
     assert torch.equal(stopping.sequences, plain_greedy(target, ids, 80))
     assert torch.equal(stopping.sequences, every.sequences)
@@ -357,7 +362,7 @@ def test_grow_min_prob_drafts_deep_where_the_draft_is_sure_and_stays_lossless(ar
     with torch.no_grad():  # a sharp copy: sure on some steps, unsure on others
         draft.lm_head.weight.mul_(20)
     depths, levels = [], []
-    grow, can_grow = tree_decoding._TreeDecoder._grow, tree_decoding._TreeDecoder._can_grow
+    grow, can_grow = Drafter.grow, Drafter.can_grow
 
     def recording(self, depth, score, token, *args):
         levels.append(1)
@@ -370,8 +375,8 @@ def test_grow_min_prob_drafts_deep_where_the_draft_is_sure_and_stays_lossless(ar
         levels[-1] += int(ok)
         return ok
 
-    monkeypatch.setattr(tree_decoding._TreeDecoder, "_grow", recording)
-    monkeypatch.setattr(tree_decoding._TreeDecoder, "_can_grow", counting)
+    monkeypatch.setattr(Drafter, "grow", recording)
+    monkeypatch.setattr(Drafter, "can_grow", counting)
     ids = prompt(seed=7)
     ref = plain_greedy(target, ids, 80)
     shape = dict(depth=6, tree_top_k=4, total_tokens=8, lookup_tokens=0, min_node_prob=0.0)
@@ -495,7 +500,7 @@ def test_max_new_tokens_zero_and_one():
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])  # gemma3: sliding window of 64 < 512 tokens
 def test_greedy_long_generation(arch, monkeypatch):
     if arch == "gemma3_text":  # the logits of every tree slot (as on GPUs), not only of those with children
-        monkeypatch.setattr(tree_decoding, "LOGITS_SUBSET_DEVICES", ())
+        monkeypatch.setattr(verification, "LOGITS_SUBSET_DEVICES", ())
     target = make_tiny_target(arch)
     ids = prompt(seed=2)
     ref = plain_greedy(target, ids, 520)
@@ -641,7 +646,7 @@ def test_sampling_keeps_the_target_distribution(sampling, monkeypatch):
     draft = copy_draft(target)
     ids = torch.tensor([[3, 7, 11, 5]])
     if sampling:  # logits of every tree slot from the verification forward (the other test: per visited node)
-        monkeypatch.setattr(tree_decoding, "LOGITS_SUBSET_DEVICES", ())
+        monkeypatch.setattr(verification, "LOGITS_SUBSET_DEVICES", ())
     processors = LogitsProcessorList()
     if "temperature" in sampling:
         processors += [TemperatureLogitsWarper(0.7), TopKLogitsWarper(6), TopPLogitsWarper(0.9)]
@@ -713,11 +718,15 @@ def test_custom_generate_from_a_saved_draft_folder(tmp_path):
     target = make_tiny_target("llama")
     draft = copy_draft(target)
     folder = tmp_path / "draft-repo"
-    draft.save_pretrained(folder)  # writes custom_generate/generate.py
-    assert (folder / "custom_generate" / "generate.py").read_text() == Path(tree_decoding.__file__).read_text()
-    assert write_custom_generate(folder).read_text() == Path(tree_decoding.__file__).read_text()  # idempotent
-    lean = Path(tree_decoding.__file__).with_name("lean_target_forward.py")
-    assert (folder / "custom_generate" / "lean_target_forward.py").read_text() == lean.read_text()
+    draft.save_pretrained(folder)  # writes custom_generate/: the Hub entry as generate.py, the package's modules
+    files = custom_generate_files()
+    assert files["custom_generate/generate.py"].name == "hub_entry.py"
+    assert {"custom_generate/lean_forward.py", "custom_generate/api.py"} <= set(files)
+    for name, source in files.items():
+        assert (folder / name).read_text() == source.read_text(), name
+    assert write_custom_generate(folder) == folder / "custom_generate" / "generate.py"  # idempotent
+    for name, source in files.items():
+        assert (folder / name).read_text() == source.read_text(), name
     ids = prompt(seed=8)
     ref = plain_greedy(target, ids, 40)
     out = target.generate(
@@ -803,7 +812,7 @@ def test_custom_generate_runs_without_the_package(tmp_path):
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.strip().splitlines()[-1])
     assert got["sequences"] == ref.tolist()
-    assert got["lean_forward"]  # the copy of lean_target_forward.py next to generate.py was imported
+    assert got["lean_forward"]  # the copy of lean_forward.py next to generate.py was imported
 
 
 # ------------------------------------------------------------------------------------------- streaming, stop strings
@@ -1075,7 +1084,7 @@ def test_smollm2_greedy_lossless_long(smollm2):
 def test_cli_generate(tmp_path, tokenizer, capsys):
     import argparse
 
-    from eagle3_hub.generation import cli
+    from eagle3_hub.commands import generate as cli
 
     target = _tiny_with_vocab(tokenizer)
     target.save_pretrained(tmp_path / "target")

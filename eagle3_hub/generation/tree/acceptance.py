@@ -1,0 +1,162 @@
+"""Acceptance: which tree path a row keeps, and the target's token after it (the bonus token).
+
+Greedy: the longest path whose every token equals the target's argmax at its parent, plus the argmax at its end.
+
+Sampling, lossless with a fixed candidate set: at a node let ``p`` be the target's processed distribution
+(temperature, top-k, top-p, ... applied) and ``c_1, ..., c_m`` the node's children (distinct tokens) in a fixed
+order. Treat each child as a one-hot proposal ``q = delta_c``: speculative sampling accepts ``c`` with probability
+``min(1, p(c) / q(c)) = p(c)`` and otherwise samples from the residual ``norm(max(0, p - q))``, which is ``p`` with
+``p(c)`` set to 0 and renormalised. The output is distributed as ``p``: ``P(c) = p(c)`` and, for ``y != c``,
+``P(y) = (1 - p(c)) * p(y) / (1 - p(c)) = p(y)``. The same step on the residual with the next child, and so on,
+keeps it so by induction; when every child is rejected the token is drawn from the final residual. Child ``c_j``
+is thus accepted (given ``c_1..c_{j-1}`` were rejected) with probability ``p(c_j) / (1 - sum_{i<j} p(c_i))``,
+evaluated here for all children at once. An accepted child continues the walk there, under the target's
+distribution given the longer prefix, so every emitted token follows the target's processed next-token
+distribution given everything before it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers import LogitsProcessorList
+from transformers.generation import logits_process as _lp
+
+from .fast_paths import argmax
+from .verification import Tree
+
+# logits processors that look at the scores only (not at the tokens so far): applied to all tree nodes at once
+HISTORY_FREE_PROCESSORS = tuple(
+    getattr(_lp, name)
+    for name in (
+        "TemperatureLogitsWarper",
+        "TopKLogitsWarper",
+        "TopPLogitsWarper",
+        "MinPLogitsWarper",
+        "TypicalLogitsWarper",
+        "EpsilonLogitsWarper",
+        "EtaLogitsWarper",
+        "InfNanRemoveLogitsProcessor",
+        "SuppressTokensLogitsProcessor",
+        "LogitNormalization",
+    )
+    if hasattr(_lp, name)
+)
+
+
+class Processing:
+    """The logits processors and the choice of a token (argmax, or a sample with ``generator``)."""
+
+    def __init__(self, processors: LogitsProcessorList, do_sample: bool, generator: torch.Generator | None):
+        self.processors, self.do_sample, self.generator = processors, do_sample, generator
+        self.history_free = all(isinstance(p, HISTORY_FREE_PROCESSORS) for p in processors)
+        self.dummy_ids = None
+
+    def reserve(self, rows: int, device: torch.device):
+        """Placeholder histories for the history-free processors, for up to ``rows`` score rows at once."""
+        self.dummy_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
+
+    @property
+    def walks(self) -> bool:
+        """Whether acceptance walks the tree node by node (sampling, or processors that read each node's prefix)."""
+        return self.do_sample or not self.history_free
+
+    def __call__(self, scores: torch.Tensor, prefixes: Callable[[], list[torch.Tensor]] | None) -> torch.Tensor:
+        """scores (n, V) float32 -> processed scores. ``prefixes()`` gives each row's token history (1, len_r)
+        for processors that read it; score-only processors run once on all rows."""
+        if len(self.processors) == 0:
+            return scores
+        if self.history_free:
+            return self.processors(self.dummy_ids[: scores.shape[0]], scores)
+        rows = [self.processors(ids, scores[i : i + 1]) for i, ids in enumerate(prefixes())]
+        return torch.cat(rows, dim=0)
+
+    def choose(self, scores: torch.Tensor) -> torch.Tensor:
+        """(n, V) processed scores -> (n,) tokens: argmax or a sample."""
+        if not self.do_sample:
+            return argmax(scores)
+        probs = torch.softmax(scores.float(), dim=-1)
+        return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+
+
+def accept_greedy(tree: Tree, logits, keep, node_logits, process: Processing):
+    """Greedy acceptance with history-free processors, all slots at once. ``logits``: the kept slots' (``keep`` as
+    ``Verifier.logits_rows`` chose them). Returns (end slot (b,), bonus token (b,))."""
+    b, S = tree.tok.shape
+    all_slots = isinstance(keep, int) and keep == 0
+    scores = logits
+    if len(process.processors):
+        V = logits.shape[-1]
+        scores = process(logits.float().reshape(-1, V), None).view(b, -1, V)
+    best = argmax(scores)  # (b, kept slots): the target's choice after each slot
+    if not all_slots:
+        kept = keep if isinstance(keep, torch.Tensor) else torch.tensor([S - 1], device=logits.device)
+        best_all = torch.full((b, S), -1, dtype=torch.long, device=logits.device)
+        best_all[:, kept] = best
+        best = best_all  # -1 at slots without children (and without logits)
+    correct = tree.tok == best.gather(1, tree.parent)
+    correct[:, 0] = True
+    on_good_path = ~(tree.anc & ~correct[:, None, :]).any(dim=-1)
+    end = torch.where(on_good_path, tree.level, -1).argmax(dim=-1)  # deepest fully matched slot (b,)
+    bonus = best.gather(1, end[:, None]).squeeze(1)
+    if not all_slots and bool((bonus < 0).any()):
+        leaf = node_logits(end)  # a path ended at a slot without children: its logits now
+        if len(process.processors):
+            leaf = process(leaf.float(), None)
+        bonus = torch.where(bonus < 0, argmax(leaf), bonus)
+    return end, bonus
+
+
+def accept_walk(tree: Tree, node_logits, process: Processing, history: Callable[[int, torch.Tensor], torch.Tensor]):
+    """Walk the tree from the root, level by level (all rows at once): at each node accept one child by
+    multi-candidate rejection sampling (greedy: the child equal to the argmax), else stop there and draw the bonus
+    token. ``history(i, prefix)``: row i's tokens so far plus ``prefix`` (1, len), for processors that read it.
+    Returns (end slot (b,), bonus token (b,))."""
+    tok, parent = tree.tok, tree.parent
+    dev = tok.device
+    cpu = dev.type == "cpu"
+    b, S = tok.shape
+    arange_b = torch.arange(b, device=dev)
+    slots = torch.arange(S, device=dev)
+    is_child = (parent[:, None, :] == slots[None, :, None]) & (slots > 0)[None, None, :]  # (b, parent, child)
+    cur = torch.zeros(b, dtype=torch.long, device=dev)
+    alive = torch.ones(b, dtype=torch.bool, device=dev)
+    bonus = torch.zeros(b, dtype=torch.long, device=dev)
+    path: list[torch.Tensor] = []  # accepted tokens so far, one (b,) per level
+    for _ in range(tree.depth + 1):
+        scores = node_logits(cur).float()  # (b, V)
+        prefix = torch.stack(path, dim=1) if path else torch.zeros(b, 0, dtype=torch.long, device=dev)
+        scores = process(scores, lambda prefix=prefix: [history(i, prefix[i]) for i in range(b)])
+        cand = is_child[arange_b, cur] & alive[:, None]  # (b, S)
+        if process.do_sample:
+            probs = torch.softmax(scores, dim=-1)
+            p_cand = probs.gather(1, tok) * cand
+            before = p_cand.cumsum(dim=-1) - p_cand  # mass of the earlier (rejected) children
+            left = 1.0 - before
+            ratio = torch.where(left > 0, p_cand / left.clamp_min(1e-30), 0.0)
+            u = torch.rand(b, S, device=dev, generator=process.generator)
+            accept = cand & (u < ratio)
+        else:
+            best = argmax(scores)
+            accept = cand & (tok == best[:, None])
+        has = accept.any(dim=-1)
+        stop_here = alive & ~has
+        if not cpu or bool(stop_here.any()):  # (no host sync per level on accelerators)
+            if process.do_sample:
+                # residual: p without every (rejected) child of this node, renormalised
+                hit = torch.zeros_like(probs).scatter_add_(1, tok, cand.float()) > 0
+                residual = probs.masked_fill(hit, 0.0)
+                empty = residual.sum(dim=-1, keepdim=True) <= 0
+                residual = torch.where(empty, probs, residual)
+                drawn = torch.multinomial(residual, 1, generator=process.generator).squeeze(1)
+            else:
+                drawn = best
+            bonus = torch.where(stop_here, drawn, bonus)
+        nxt = accept.int().argmax(dim=-1)  # first accepted child
+        cur = torch.where(alive & has, nxt, cur)
+        path.append(tok.gather(1, cur[:, None]).squeeze(1))
+        alive = alive & has
+        if cpu and not bool(alive.any()):
+            break
+    return cur, bonus

@@ -1,0 +1,124 @@
+"""``TreeConfig``: the shape of the draft tree, with defaults per device (how they were chosen and how to tune
+them: docs/tree-decoding.md)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, replace
+
+import torch
+
+# depth: draft levels; top_k: children per expanded node; total_tokens: tree nodes verified per target forward (root
+# excluded); lookup_tokens: the lookup branch after a 3-token match (greedy only); min_node_prob: keep only nodes whose
+# cumulative draft probability reaches it; grow_min_prob: draft a further level only while a frontier node reaches it.
+# A CPU verification costs about linearly in its tokens, so its trees are small and pruned; in bfloat16 on a CPU
+# with bf16 units it is nearly flat, so wider unpruned trees pay; on CUDA it is flat up to ~100 tokens and the draft
+# runs as a CUDA graph of one shape (no pruning, which changes the shape).
+TREE_DEFAULTS: dict[str, dict[str, float]] = {
+    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1,
+            "grow_min_prob": 0.0},
+    "cpu-bfloat16": {"depth": 3, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0,
+                     "grow_min_prob": 0.0},
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0,
+             "grow_min_prob": 0.0},
+}
+
+
+def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None) -> dict[str, float]:
+    """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` / ``min_node_prob`` / ``grow_min_prob``
+    for a device and the target's dtype (``TREE_DEFAULTS``: a CPU's differ in bfloat16; CUDA's for other
+    accelerators)."""
+    kind = torch.device(device).type
+    if kind == "cpu" and dtype == torch.bfloat16:
+        kind = "cpu-bfloat16"
+    return dict(TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cuda"]))
+
+
+@dataclass(frozen=True)
+class TreeConfig:
+    """The tree's shape; ``None`` = the default for the target's device and dtype (``tree_defaults``).
+
+    depth: draft levels. tree_top_k: children per expanded node. total_tokens: tree nodes per verification (root
+        excluded); at most ``tree_top_k + (depth - 1) * tree_top_k**2``.
+    lookup_tokens: length of the lookup branch (tokens copied from the text so far; greedy only, 0 = none) after
+        a 3-token match, less after shorter ones (``LOOKUP_SHARE``); default 0 when sampling.
+    min_node_prob: keep only the nodes whose cumulative draft probability reaches it (at least one, at most
+        ``total_tokens``); 0 = always ``total_tokens``.
+    grow_min_prob: draft a further level only while some frontier node's cumulative draft probability reaches it:
+        deep trees where the draft is sure, shallow ones where it is not; 0 = always ``depth`` levels.
+    draft_graph: run the draft's levels on fixed shapes, as one CUDA graph per (rows, depth) on CUDA (launches,
+        not work, cost the time of a small draft at batch 1); default on CUDA only. It replays one tree shape, so
+        ``min_node_prob`` and ``grow_min_prob`` default to 0 with it.
+    """
+
+    depth: int | None = None
+    tree_top_k: int | None = None
+    total_tokens: int | None = None
+    lookup_tokens: int | None = None
+    min_node_prob: float | None = None
+    grow_min_prob: float | None = None
+    draft_graph: bool | None = None
+
+    def replace(self, **overrides) -> "TreeConfig":
+        """A copy with the given fields set (``None`` values are ignored: they keep this config's)."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+    def resolve(self, device: torch.device, dtype: torch.dtype, do_sample: bool, draft_vocab: int) -> "TreeConfig":
+        """Every field set (the device defaults where ``None``) and checked: one clear ``ValueError`` per problem."""
+        defaults = tree_defaults(device, dtype)
+        graph = device.type == "cuda" if self.draft_graph is None else self.draft_graph
+        c = TreeConfig(
+            depth=defaults["depth"] if self.depth is None else self.depth,
+            tree_top_k=defaults["top_k"] if self.tree_top_k is None else self.tree_top_k,
+            total_tokens=defaults["total_tokens"] if self.total_tokens is None else self.total_tokens,
+            lookup_tokens=(0 if do_sample else defaults["lookup_tokens"]) if self.lookup_tokens is None
+            else self.lookup_tokens,
+            min_node_prob=(0.0 if graph else defaults["min_node_prob"]) if self.min_node_prob is None
+            else self.min_node_prob,
+            grow_min_prob=(0.0 if graph else defaults["grow_min_prob"]) if self.grow_min_prob is None
+            else self.grow_min_prob,
+            draft_graph=graph,
+        )
+        c._check(draft_vocab, do_sample)
+        return replace(c, min_node_prob=float(c.min_node_prob), grow_min_prob=float(c.grow_min_prob),
+                       draft_graph=bool(c.draft_graph))
+
+    def _check(self, draft_vocab: int, do_sample: bool):
+        for name in ("depth", "tree_top_k", "total_tokens"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        n = self.lookup_tokens
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError(f"lookup_tokens must be a non-negative integer (0: no lookup branch), got {n!r}")
+        for name, zero in (("min_node_prob", "always total_tokens nodes"), ("grow_min_prob", "always `depth` levels")):
+            p = getattr(self, name)
+            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
+                raise ValueError(f"{name} must be a probability in [0, 1) (0: {zero}), got {p!r}")
+        k, depth = self.tree_top_k, self.depth
+        if k > draft_vocab:
+            raise ValueError(f"tree_top_k={k} exceeds the draft vocabulary ({draft_vocab} tokens)")
+        pool = k + (depth - 1) * k * k
+        if self.total_tokens > pool:
+            raise ValueError(
+                f"total_tokens={self.total_tokens} is larger than the {pool} candidates a tree of depth={depth} and "
+                f"tree_top_k={k} proposes (top_k + (depth - 1) * top_k**2): lower total_tokens or raise depth/top_k."
+            )
+        for name in ("min_node_prob", "grow_min_prob"):
+            if getattr(self, name) > 0 and self.draft_graph:
+                raise ValueError(
+                    f"{name} sizes each tree anew, and draft_graph replays one tree shape: set {name}=0 or "
+                    "draft_graph=False."
+                )
+        if n and do_sample:
+            raise ValueError(
+                "lookup_tokens works with greedy decoding only (its tokens are not samples of the draft): "
+                "set lookup_tokens=0 or do_sample=False."
+            )
+
+    def as_stats(self) -> dict:
+        """The shape as ``TreeDecodingStats.tree`` reports it (``TREE_DEFAULTS``' key names)."""
+        shape = asdict(self)
+        shape["top_k"] = shape.pop("tree_top_k")
+        del shape["draft_graph"]
+        return {k: shape[k] for k in ("depth", "top_k", "total_tokens", "lookup_tokens", "min_node_prob",
+                                      "grow_min_prob")}

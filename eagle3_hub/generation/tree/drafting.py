@@ -1,0 +1,243 @@
+"""Building the draft tree: the draft reads the accepted tokens' target features, then expands the tree one level
+per draft forward, and the most probable nodes of the pool form the tree.
+
+The root is a row's latest token (sampled from the target, not yet in its cache). The draft's first forward over
+the tokens accepted in the last step yields the root's children; each further level feeds the k best frontier
+nodes by cumulative draft log-probability (each with its parent's draft hidden state), and each proposes its k best
+children. Of the pool of ``k + (depth - 1) * k * k`` candidates the ``total_tokens`` best form the tree, which is
+ancestor-closed because a child always scores below its parent.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .caches import ScratchCache, TreeKVCache
+from .config import TreeConfig
+from .fast_paths import packed_head
+from .masks import additive_mask
+from .outputs import TreeDecodingStats
+
+
+class Drafter:
+    """The draft model's side of a run: its context cache (context positions only), the accepted tokens' features
+    waiting to be read (``pending``), and the tree built from them. Shapes: b rows, k = tree_top_k, H draft hidden."""
+
+    def __init__(self, draft, target, config: TreeConfig, stats: TreeDecodingStats):
+        self.draft, self.stats = draft, stats
+        self.top_k, self.total_tokens = config.tree_top_k, config.total_tokens
+        self.min_node_logp = math.log(config.min_node_prob) if config.min_node_prob > 0 else None
+        # a further level is drafted only while a frontier node reaches this (the stricter of the two thresholds)
+        grow = max(config.min_node_prob, config.grow_min_prob)
+        self.grow_logp = math.log(grow) if grow > 0 else None
+        t_embed = target.get_input_embeddings()
+        self.device = t_embed.weight.device
+        self.dtype = draft.lm_head.weight.dtype
+        # the draft's token embedding: its own, or the target's when it was saved without one
+        if getattr(draft, "_embedding_missing", False) and not getattr(draft, "_embedding_from_target", False):
+            self.embed = t_embed.weight[: draft.config.vocab_size]
+        else:
+            self.embed = draft.embed_tokens.weight
+        self.d2t = draft.d2t.to(self.device)
+        # the draft's logits through a packed copy of its head where oneDNN can: the draft then computes none
+        # itself, and forward() applies its final norm and this head to the kept positions
+        self.head = packed_head(draft.lm_head) if isinstance(getattr(draft, "norm", None), torch.nn.Module) else None
+        # the tree levels on fixed shapes: one CUDA graph per shape on CUDA
+        self.levels = DraftLevels(capture=self.device.type == "cuda") if config.draft_graph else None
+
+    def start(self, b: int, capacity: int):
+        self.cache = TreeKVCache(1, capacity)
+        self.valid = torch.zeros(b, 0, dtype=torch.bool, device=self.device)  # (b, Td) context slots that are tokens
+
+    def queue(self, feats, tokens, positions, valid):
+        """The accepted slots' target features (b, A, F), each with the token after it, for the next tree."""
+        self.pending = (feats, tokens, positions, valid)
+
+    def select_rows(self, idx: torch.Tensor):
+        self.cache.select_rows(idx)
+        self.valid = self.valid.index_select(0, idx)
+        self.pending = tuple(t.index_select(0, idx) for t in self.pending)
+
+    # ------------------------------------------------------------------ forwards
+    def forward(self, tokens, position_ids, allowed, *, features=None, hidden=None, logits_to_keep=0, cache=None):
+        """``allowed``: (b, s, kv) bool, or None for causal attention over the whole draft cache. ``cache``: the
+        context cache by default."""
+        own_head = self.head is not None
+        out = self.draft(
+            inputs_embeds=F.embedding(tokens, self.embed),
+            target_hidden_states=features,
+            hidden_states=hidden,
+            position_ids=position_ids,
+            attention_mask=None if allowed is None else additive_mask(allowed, self.dtype),
+            cache=self.cache if cache is None else cache,
+            use_cache=True,
+            # with the packed head: a (b, s) mask that keeps no position, so the draft computes no logits
+            logits_to_keep=torch.zeros(tokens.shape, dtype=torch.bool, device=tokens.device) if own_head else logits_to_keep,
+        )
+        self.stats.draft_forwards += 1
+        if not own_head:
+            return out.logits, out.hidden_states
+        kept = out.hidden_states[:, -logits_to_keep:] if logits_to_keep else out.hidden_states
+        return self.head(self.draft.norm(kept)), out.hidden_states
+
+    @staticmethod
+    def log_probs(logits: torch.Tensor) -> torch.Tensor:
+        # strictly negative, so a child always scores below its parent (the selected tree is ancestor-closed)
+        return torch.log_softmax(logits.float(), dim=-1).clamp_max(-1e-4)
+
+    # ------------------------------------------------------------------ the tree
+    def draft_tree(self, depth: int, next_pos: torch.Tensor, holes: bool):
+        """Read the pending features, then build a tree of up to ``depth`` levels under each row's root (at position
+        ``next_pos`` (b,)). Returns node tokens (b, N) (target ids), parent slots (b, N) (0 = root, node i is slot
+        i+1) and depths (b, N); parents precede their children."""
+        feats, tokens, positions, valid = self.pending
+        b, A = tokens.shape
+        k = self.top_k
+        Td = self.cache.length
+        allowed = None  # causal over the whole draft context
+        if holes:
+            causal = torch.ones(A, A, dtype=torch.bool, device=self.device).tril()
+            allowed = torch.cat([self.valid[:, None, :].expand(b, A, Td), causal[None] & valid[:, None, :]], dim=-1)
+        logits, hidden = self.forward(tokens, positions, allowed, features=feats, logits_to_keep=1)
+        self.cache.commit()
+        self.valid = torch.cat([self.valid, valid], dim=1)
+        logp = self.log_probs(logits[:, -1])  # (b, Vd)
+        score, draft_ids = logp.topk(k, dim=-1)  # (b, k): the root's children
+        token = draft_ids + self.d2t[draft_ids]
+        if self.levels is not None:  # fixed shapes (a CUDA graph on CUDA)
+            return self.levels(self, depth, score, token, hidden[:, -1:], next_pos)
+        # a node at depth d comes with its d - 1 ancestors, so no node past depth total_tokens can be selected: those
+        # levels are not drafted (the same tree)
+        depth = min(depth, self.total_tokens)
+        tree = self.grow(depth, score, token, hidden[:, -1:], self.valid[:, None, :], self.cache, next_pos)
+        self.cache.rollback()  # the tree's draft slots are not context
+        return tree
+
+    def can_grow(self, f_score: torch.Tensor) -> bool:
+        """Whether to draft a further level: not when every frontier node (b, k) scores below min_node_prob (a child
+        always scores below its parent, so the level could add no node) or below grow_min_prob (its nodes would
+        rarely be accepted). One sync; never with draft_graph."""
+        return self.grow_logp is None or bool((f_score >= self.grow_logp).any())
+
+    def grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos):
+        """Levels 2..depth of the tree from the root's k children (score, token: (b, k); root_hidden (b, 1, H)),
+        then the best ``total_tokens`` nodes of the pool. ``ctx_allowed`` (b, 1, C): the draft context slots of
+        ``cache`` each row may read; the levels append their slots to ``cache`` after them."""
+        dev = self.device
+        b, k = score.shape
+        H = root_hidden.shape[-1]
+        pool_score, pool_tok = [score], [token]
+        pool_parent = [None]  # the root's children: "parent = root", set once the pool's size is known
+        # frontier: nodes fed to the next draft forward
+        f_score, f_tok = score, token
+        f_hidden = root_hidden.expand(b, k, H)
+        f_index = torch.arange(k, device=dev).expand(b, k)  # pool index
+        f_anc = torch.zeros(b, k, 0, dtype=torch.bool, device=dev)  # ancestors among the fed tree slots
+        eye_k = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
+        offset = k
+
+        # one draft forward per further level
+        for lvl in range(2, depth + 1):
+            if not self.can_grow(f_score):
+                break  # the tree it would add to is already complete
+            anc_self = torch.cat([f_anc, eye_k], dim=-1)  # (b, k, (lvl-1)*k)
+            allowed = torch.cat([ctx_allowed.expand(b, k, ctx_allowed.shape[-1]), anc_self], dim=-1)
+            f_pos = (next_pos + lvl - 2)[:, None].expand(b, k)  # a depth-d node sits at root pos + d - 1
+            logits, hidden = self.forward(f_tok, f_pos, allowed, hidden=f_hidden, cache=cache)
+            logp = self.log_probs(logits)  # (b, k, Vd)
+            child_logp, child_ids = logp.topk(k, dim=-1)  # (b, k, k)
+            c_score = (f_score[:, :, None] + child_logp).reshape(b, k * k)
+            c_tok = (child_ids + self.d2t[child_ids]).reshape(b, k * k)
+            pool_score.append(c_score)
+            pool_tok.append(c_tok)
+            pool_parent.append(f_index[:, :, None].expand(b, k, k).reshape(b, k * k))
+            if lvl < depth:
+                best = c_score.topk(k, dim=-1).indices  # (b, k) next frontier
+                parent_j = best // k
+                f_score = c_score.gather(1, best)
+                f_tok = c_tok.gather(1, best)
+                f_hidden = hidden.gather(1, parent_j[:, :, None].expand(b, k, H))
+                f_anc = anc_self.gather(1, parent_j[:, :, None].expand(b, k, anc_self.shape[-1]))
+                f_index = offset + best
+            offset += k * k
+
+        # the best total_tokens nodes of the pool by cumulative log-probability
+        pool_score = torch.cat(pool_score, dim=1)  # (b, P)
+        P = pool_score.shape[1]
+        pool_parent[0] = torch.full((b, k), P, dtype=torch.long, device=dev)  # index P = the root
+        N = min(self.total_tokens, P)
+        if self.min_node_logp is not None:  # fewer nodes where the draft gives the rest little chance (one sync)
+            N = max(1, min(N, int((pool_score >= self.min_node_logp).sum(-1).max())))
+        selected = pool_score.topk(N, dim=-1).indices.sort(dim=-1).values  # (b, N), pool order: parents first
+        slot_of = torch.full((b, P + 1), -1, dtype=torch.long, device=dev)  # pool index -> node index
+        slot_of.scatter_(1, selected, torch.arange(N, device=dev).expand(b, N))
+        parent_pool = torch.cat(pool_parent, dim=1).gather(1, selected)
+        node_parent = slot_of.gather(1, parent_pool) + 1  # slot of the parent, root = 0
+        node_tok = torch.cat(pool_tok, dim=1).gather(1, selected)
+        pool_depth = torch.cat(
+            [torch.ones(k, dtype=torch.long, device=dev)]
+            + [torch.full((k * k,), d, dtype=torch.long, device=dev) for d in range(2, len(pool_tok) + 1)]
+        )
+        node_depth = pool_depth[selected]
+        return node_tok, node_parent, node_depth
+
+
+class DraftLevels:
+    """Levels 2..depth of the draft tree over fixed-shape buffers (``Drafter.grow`` with a ``ScratchCache`` and the
+    context's validity over the whole buffer). With ``capture`` (CUDA) they run as one CUDA graph per (rows, depth,
+    context buffer), captured at first use and replayed afterwards: a level is ~30 small kernels whose launches, not
+    their work, cost the time at batch 1. Without ``capture`` the same fixed-shape code runs eagerly (its test on
+    CPU)."""
+
+    def __init__(self, capture: bool):
+        self.capture = capture
+        self.entries: dict[tuple, tuple] = {}
+
+    def __call__(self, drafter: Drafter, depth: int, score, token, root_hidden, next_pos):
+        ctx = drafter.cache
+        b, k = score.shape
+        key = (b, depth, ctx.buffer.data_ptr(), ctx.buffer.shape[4])
+        if key not in self.entries:  # those of an old context buffer or of more rows are not used again
+            self.entries = {e: v for e, v in self.entries.items() if e[2:] == key[2:] and e[0] == b}
+            static = {
+                "score": score.clone(),
+                "token": token.clone(),
+                "hidden": root_hidden.clone(),
+                "valid": torch.zeros(b, ctx.buffer.shape[4], dtype=torch.bool, device=score.device),
+                "pos": next_pos.clone(),
+            }
+            self.entries[key] = (static, ScratchCache(ctx, (depth - 1) * k), None, None)
+        static, scratch, graph, out = self.entries[key]
+        static["score"].copy_(score)
+        static["token"].copy_(token)
+        static["hidden"].copy_(root_hidden)
+        static["valid"][:, : ctx.length] = drafter.valid
+        static["valid"][:, ctx.length :] = False
+        static["pos"].copy_(next_pos)
+        forwards = drafter.stats.draft_forwards
+
+        def levels():
+            scratch.reset()
+            return drafter.grow(depth, static["score"], static["token"], static["hidden"], static["valid"][:, None, :],
+                                scratch, static["pos"])
+
+        if not self.capture:
+            out = levels()
+        elif graph is None:
+            side = torch.cuda.Stream(device=score.device)
+            side.wait_stream(torch.cuda.current_stream(score.device))
+            with torch.cuda.stream(side):  # warm-up outside the graph (library handles, workspaces)
+                levels()
+            torch.cuda.current_stream(score.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = levels()
+            self.entries[key] = (static, scratch, graph, out)
+            graph.replay()
+        else:
+            graph.replay()
+        drafter.stats.draft_forwards = forwards + depth - 1
+        return tuple(t.clone() for t in out)  # the graph's outputs are overwritten by its next replay
