@@ -11,7 +11,7 @@ import torch
 # excluded); lookup_tokens: the lookup branch after a 3-token match (greedy only); min_node_prob: keep only nodes whose
 # cumulative draft probability reaches it; grow_min_prob: draft a further level only while a frontier node reaches it.
 # A CPU verification costs about linearly in its tokens, so its trees are small and pruned; in bfloat16 on a CPU
-# with bf16 units it is nearly flat, so wider unpruned trees pay; on CUDA it is flat up to ~100 tokens and the draft
+# with bf16 units it is nearly flat, so wider unpruned trees pay; on CUDA it is flat up to large trees and the draft
 # runs as a CUDA graph of one shape (no pruning, which changes the shape).
 TREE_DEFAULTS: dict[str, dict[str, float]] = {
     "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1,
