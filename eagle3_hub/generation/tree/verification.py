@@ -133,8 +133,8 @@ class Verifier:
 
     def prefill(self, input_ids, attention_mask, holes: bool):
         """The prompt through the target (transformers builds the causal / padding / sliding-window masks from the
-        2D mask, as in plain generation). Returns the last slot's logits (b, 1, V) and the features (b, L, F);
-        chooses the fast paths the verifications of this run take."""
+        2D mask, as in plain generation). Returns the last slot's logits (b, 1, V), the features (b, L, F), the
+        positions and the validity (b, L) of the prompt's slots; chooses the fast paths of this run's verifications."""
         valid = attention_mask.bool()
         pos = (valid.long().cumsum(-1) - 1).clamp(min=0)  # (b, L)
         subset = self.head is not None and self.device.type in LOGITS_SUBSET_DEVICES
