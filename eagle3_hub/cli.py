@@ -17,15 +17,13 @@ import sys
 # subcommand -> (module, one-line help)
 COMMANDS = {
     "generate": ("eagle3_hub.commands.generate", "generate text with EAGLE-3 tree decoding (default: embedded target + reference draft)"),
-    "train": ("eagle3_hub.training.train", "train an EAGLE-3 draft for a target (YAML recipe, every key a flag)"),
+    "train": ("eagle3_hub.commands.train", "train an EAGLE-3 draft for a target (YAML recipe, every key a flag)"),
     "bench": ("eagle3_hub.commands.bench", "benchmark plain / prompt-lookup / assisted / tree decoding on question suites"),
     "card": ("eagle3_hub.commands.card", "write a draft's model card (README.md) from its config and bench results"),
     "push": ("eagle3_hub.commands.push", "upload a draft folder to the Hugging Face Hub"),
     "convert": ("eagle3_hub.commands.convert", "convert a draft between layouts (EAGLE, SpecForge, speculators, vLLM, SGLang, ours)"),
     "demo": ("eagle3_hub.commands.demo", "run the Gradio side-by-side speed demo, or export it as a Space folder"),
 }
-# commands whose module may not exist yet in this tree -> where their arguments live until then
-FALLBACKS = {"eagle3_hub.commands.convert": "eagle3_hub.formats"}
 
 DEBUG_ENV = "EAGLE3_HUB_DEBUG"
 
@@ -39,10 +37,7 @@ class CommandParser(argparse.ArgumentParser):
 
 
 def _module_name(name: str) -> str:
-    module = COMMANDS[name][0]
-    if module in FALLBACKS and importlib.util.find_spec(module) is None:
-        return FALLBACKS[module]
-    return module
+    return COMMANDS[name][0]
 
 
 def top_level_parser() -> argparse.ArgumentParser:

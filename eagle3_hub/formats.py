@@ -639,7 +639,7 @@ def finish_save(model, save_directory):
     for name in CODE_FILES:
         atomic_copy(package / name, folder / name)
     # tree decoding through transformers without the package: target.generate(custom_generate=<this repo>)
-    from .generation.tree_decoding import write_custom_generate
+    from .generation.tree import write_custom_generate
 
     write_custom_generate(folder)
 
@@ -884,16 +884,6 @@ def convert(
     if verifier is None and target is not None and not Path(target).exists():
         verifier = target
     return export_draft(draft, dst, to, verifier=verifier, num_speculative_tokens=num_speculative_tokens, force=force)
-
-
-def __getattr__(name):
-    # `eagle3-hub convert` lives in eagle3_hub.commands.convert; these names stay for the CLI table until it
-    # points there (imported on use: the command module imports this one)
-    if name in ("add_arguments", "run"):
-        from .commands import convert as command
-
-        return getattr(command, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 register_layout_hooks(load=load_foreign_draft, prepare_save=prepare_save, finish_save=finish_save)

@@ -473,12 +473,7 @@ def register_layout_hooks(**hooks):
 
 
 def _layout_hooks() -> dict:
-    # Transitional: until `eagle3_hub/__init__.py` imports `eagle3_hub.formats` (which registers the hooks),
-    # a package install triggers that registration here once. Remote-code copies have no package: no hooks.
-    if not _LAYOUT_HOOKS and __package__ == "eagle3_hub":
-        import importlib
-
-        importlib.import_module("eagle3_hub.formats")
+    # filled by eagle3_hub.formats when the package is imported; a remote-code copy has none (its own layout only)
     return _LAYOUT_HOOKS
 
 

@@ -1,7 +1,7 @@
 """`eagle3-hub train`: target + data -> a trained EAGLE-3 draft folder.
 
     eagle3-hub train --config recipes/smollm2-135m-instruct.yaml [--train.lr 3e-4 ...] [--resume | --overwrite]
-    accelerate launch --config_file recipes/accelerate/ddp.yaml -m eagle3_hub.training.train --config ...
+    accelerate launch --config_file recipes/accelerate/ddp.yaml -m eagle3_hub.commands.train --config ...
 
 Stages: data (load, regenerate, tokenise; cached in work_dir) -> draft vocabulary -> features (online, or an
 offline cache of safetensors shards) -> TTT training with checkpoints -> the draft folder (+ metrics, card).
@@ -9,7 +9,6 @@ offline cache of safetensors shards) -> TTT training with checkpoints -> the dra
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -625,44 +624,30 @@ def export_draft(model, out_dir: Path, metrics: dict | None = None, state_dict: 
             atomic_write_json(tmp / "training_metrics.json", metrics)
 
 
-# ------------------------------------------------------------------------------------------------- CLI
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", help="YAML recipe (see recipes/); any key can also be given as --section.key VALUE")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from this recipe's latest checkpoint in work_dir; skip the stages that finished")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="start again in a work_dir that holds checkpoints: the run there moves to "
-                             "<work_dir>/previous-<time>")
-    parser.set_defaults(accepts_overrides=True, overrides=[])  # --section.key VALUE pairs, e.g. --train.lr 3e-4
+def train_recipe(config: str | None, overrides: dict | None = None, resume: bool = False, overwrite: bool = False):
+    """Train every stage of a recipe file in turn (``--resume`` skips the stages that finished in their work_dir).
 
-
-def run(args) -> int:
-    recipe = None
-    try:
-        overrides = parse_overrides([a for a in (args.overrides or []) if a != "--"])
-        chain = load_stages(load_recipe(args.config, overrides), overrides)
-        for stage in chain:
-            check_recipe(stage)
-        names = [args.config] + [st if isinstance(st, str) else f"{args.config} stage {i}"
-                                 for i, st in enumerate(chain[0]["stages"], start=2)]
-        for i, (name, recipe) in enumerate(zip(names, chain), start=1):
-            if len(chain) > 1:
-                print(f"[stages] stage {i}/{len(chain)}: {name}", flush=True)
-            if args.resume and finished_run(recipe):
-                print(f"[resume] {name} finished earlier ({Path(recipe['work_dir']) / FINISHED}): skipped; "
-                      "run with --overwrite instead of --resume to train it again", flush=True)
-                continue
-            train(recipe, resume=args.resume, overwrite=getattr(args, "overwrite", False))
-    except HubPushError as e:
-        out = recipe["output_dir"] if recipe else "the output folder"
-        print(f"eagle3-hub train: the draft is saved in {out} but the upload failed: {e}\n"
-              f"Retry with: eagle3-hub push {out} {recipe['push_to_hub'] if recipe else 'REPO_ID'}", file=sys.stderr)
-        return 1
-    except (DataError, KeyError, ValueError, OSError) as e:
-        message = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"eagle3-hub train: error: {message}", file=sys.stderr)
-        return 2
-    return 0
+    Raises ``ValueError`` / ``DataError`` / ``OSError`` for bad input, ``HubPushError`` when the final upload fails
+    (the draft is saved by then)."""
+    overrides = overrides or {}
+    chain = load_stages(load_recipe(config, overrides), overrides)
+    for stage in chain:
+        check_recipe(stage)
+    names = [config] + [st if isinstance(st, str) else f"{config} stage {i}"
+                        for i, st in enumerate(chain[0]["stages"], start=2)]
+    for i, (name, recipe) in enumerate(zip(names, chain), start=1):
+        if len(chain) > 1:
+            print(f"[stages] stage {i}/{len(chain)}: {name}", flush=True)
+        if resume and finished_run(recipe):
+            print(f"[resume] {name} finished earlier ({Path(recipe['work_dir']) / FINISHED}): skipped; "
+                  "run with --overwrite instead of --resume to train it again", flush=True)
+            continue
+        try:
+            train(recipe, resume=resume, overwrite=overwrite)
+        except HubPushError as e:
+            e.output_dir = recipe["output_dir"]
+            e.repo_id = recipe.get("push_to_hub")
+            raise
 
 
 def finished_run(recipe: dict) -> bool:
@@ -672,15 +657,3 @@ def finished_run(recipe: dict) -> bool:
     except (OSError, ValueError):
         return False
     return done.get("run_id", None) in (None, run_id(run_identity(recipe)))  # None: written before run ids
-
-
-def main() -> int:
-    parser = argparse.ArgumentParser(prog="eagle3_hub.training.train")
-    add_arguments(parser)
-    args, extra = parser.parse_known_args()
-    args.overrides = extra
-    return run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
