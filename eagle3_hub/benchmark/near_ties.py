@@ -3,10 +3,8 @@
 In float32, greedy tree decoding emits exactly the tokens of plain greedy ``target.generate``, and the benchmark
 compares them token for token. In bfloat16 (or float16) it cannot: a verification of several tokens runs other
 matrix kernels than a one-token step, the two round differently, and bf16 logits are coarse (steps of 0.125
-between 16 and 32), so two candidates that are near-tied can swap, and from there the texts part. On SmolLM2-135M
-in bf16, 5 of the first 6 MT-bench first turns parted so, each at a pair of tokens whose float32 logits were
-0.001-0.17 apart, and at 3 of the 5 the tree's token was the float32 favourite
-(results/smollm2-135m-instruct/diagnostics/bf16_first_partings.py).
+between 16 and 32), so two candidates that are near-tied can swap, and from there the texts part
+(docs/benchmarks.md has the measured cases).
 
 So in reduced precision each greedy output is scored, teacher-forced, by a float32 copy of the same weights:
 at every position the gap between the best float32 logit and the logit of the token that was emitted. A correct
@@ -17,10 +15,8 @@ logits' magnitude, and plain decoding's own gaps are reported next to every meth
 The rounding of a bf16 forward is not only that of its last step: it builds up over the layers, and a pair of logits
 can move by more than a few final steps. So the same output is also scored teacher-forced by the target itself, in
 its own dtype, and a token is flagged only when *neither* precision ranks it within the tolerance of its best. A bug
-is still caught (a wrong token is far below the best in both); a bf16 tie is not. The case that showed it (session
-15, results/smollm2-135m-instruct/diagnostics/grow_near_tie_probe.txt): a growing tree, bf16, emitted <|im_end|>
-where float32 ranks ' a' 0.80 higher (tolerance 0.5); the tree's verification had both at 29.5 (a bf16 tie, and
-argmax takes the lower id), a bf16 prefill of the same text has them 0.375 apart, plain bf16 steps 0.25.
+is still caught (a wrong token is far below the best in both); a bf16 tie is not: a verification can hold two
+tokens at the same bf16 logit (argmax takes the lower id) where a float32 prefill ranks them apart.
 """
 
 from __future__ import annotations

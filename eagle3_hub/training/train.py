@@ -329,8 +329,8 @@ def load_init_draft(path: str, target) -> Eagle3DraftModel:
 
 def resolve_mixed_precision(mixed_precision: str) -> str:
     """``train.mixed_precision`` for accelerate: ``auto`` is bf16 autocast on GPUs that have it (fp16 on older ones)
-    and on CPUs with bf16 units (AVX512-BF16 / AMX: a TTT step 1.6x faster than float32 on session 13's EPYC),
-    none on other CPUs (where bf16 matmuls run ~4x slower than float32)."""
+    and on CPUs with bf16 units (AVX512-BF16 / AMX), none on other CPUs, where bf16 matmuls are emulated and
+    slower than float32."""
     if mixed_precision != "auto":
         return mixed_precision
     if torch.cuda.is_available():
