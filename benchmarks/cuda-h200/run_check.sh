@@ -24,7 +24,7 @@ if [ "$device" = cuda ]; then
     >"$out/pytest_cuda.log" 2>&1
   tail -12 "$out/pytest_cuda.log"
 fi
-timeout 240 "$py" -m eagle3_hub.benchmark.random_target --size "$size" --device "$device" --new-tokens 256 \
+timeout 240 "$py" -m eagle3_hub.commands.random_target --size "$size" --device "$device" --new-tokens 256 \
   --phases lossless,bf16,forward --out "$out/lossless" 2>&1 | grep -v Warning | tee "$out/lossless/log.txt"
-timeout 300 "$py" -m eagle3_hub.benchmark.random_target --size "$size" --device "$device" --new-tokens 128 \
+timeout 300 "$py" -m eagle3_hub.commands.random_target --size "$size" --device "$device" --new-tokens 128 \
   --prompts 2 --phases timing --out "$out/timing" 2>&1 | grep -v Warning | tee "$out/timing/log.txt"
