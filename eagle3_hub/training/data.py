@@ -2,6 +2,10 @@
 self-synthesise prompts (Magpie style), and tokenise with the chat template and an assistant-only loss mask.
 
 Every sample is normalised to ``{"messages": [{"role": ..., "content": ...}, ...]}``.
+
+The target writes with plain ``target.generate`` or, given an EAGLE-3 draft for it, with lossless tree decoding
+(``data.regenerate_with``): greedy tree decoding writes plain greedy's tokens (float32; bfloat16 may part at
+near-ties, as any change of kernels or batch may), in fewer target forwards.
 """
 
 from __future__ import annotations
@@ -11,12 +15,19 @@ import inspect
 import json
 import os
 import re
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from datasets import Dataset, concatenate_datasets, load_dataset
 from datasets.fingerprint import Hasher
 from tqdm.auto import tqdm
+
+from ..atomic import atomic_write_json
+from ..generation.tree import generate as tree_decode
+from ..generation.tree import load_draft
+from ..targets import reference_draft
 
 # Named presets: real Hub dataset ids with the split and shape they hold.
 PRESETS = {
@@ -132,28 +143,146 @@ def dedupe(ds: Dataset) -> Dataset:
 
 
 # ---------------------------------------------------------------------------------------------- generation
+REGENERATE_WITH = ("auto", "tree", "generate")
+GENERATION_REPORT = "generation_report.json"  # in build_conversations' work_dir, next to the data report
+
+
+def regeneration_draft(regenerate_with: str = "auto", regenerate_draft: str | None = None,
+                       target_name: str | None = None) -> str | None:
+    """The draft that decodes the target's answers and prompts (``data.regenerate_with``, ``data.regenerate_draft``),
+    or None for plain ``target.generate``. Reads no model: a recipe check may call it before anything is loaded.
+
+    ``generate``: None. ``tree``: ``regenerate_draft``, else the reference draft shipped for ``target_name`` (the
+    recipe's ``target.name``; None is the embedded target), else a ValueError. ``auto``: the same, None where
+    neither exists."""
+    if regenerate_with not in REGENERATE_WITH:
+        raise ValueError(f"data.regenerate_with must be auto, tree or generate, got {regenerate_with!r}")
+    if regenerate_with == "generate":
+        return None
+    if regenerate_draft is not None:
+        if not isinstance(regenerate_draft, (str, Path)) or not str(regenerate_draft).strip():
+            raise ValueError(f"data.regenerate_draft must be a draft folder or Hub id, got {regenerate_draft!r}")
+        path = Path(regenerate_draft)
+        if path.exists() and not (path / "config.json").is_file():
+            raise FileNotFoundError(f"data.regenerate_draft {path}: no config.json there; give an EAGLE-3 draft folder "
+                                    "(e.g. an `eagle3-hub train` output) or a Hub id.")
+        if not path.exists() and not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", str(regenerate_draft)):
+            raise FileNotFoundError(f"data.regenerate_draft {regenerate_draft} does not exist: give an EAGLE-3 draft "
+                                    "folder or a Hub id (owner/name).")
+        return str(regenerate_draft)
+    folder = reference_draft(target_name)
+    if (folder / "config.json").is_file():
+        return str(folder)
+    if regenerate_with == "tree":
+        raise ValueError(f"data.regenerate_with: tree needs an EAGLE-3 draft for {target_name or 'the embedded target'} "
+                         f"and none is shipped for it ({folder} has no config.json): set data.regenerate_draft to a "
+                         "draft folder or Hub id, or use data.regenerate_with: generate.")
+    return None
+
+
+@dataclass
+class GenerationSpeed:
+    """What one regeneration or synthesis call wrote and how fast: the data report says which decoder made the
+    data, and CPU time (all threads of this process) makes runs that shared the machine comparable."""
+
+    decoder: str
+    draft: str | None = None
+    samples: int = 0
+    new_tokens: int = 0
+    target_forwards: int = 0  # batched forwards, prefill included
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    row_steps: int = 0  # tree decoding: (forward, active row) pairs after the prefill, and the tokens they committed
+    row_step_tokens: int = 0
+
+    def add(self, samples: int, new_tokens: int, target_forwards: int, wall_s: float, cpu_s: float, stats=None) -> None:
+        self.samples += samples
+        self.new_tokens += new_tokens
+        self.target_forwards += target_forwards
+        self.wall_s += wall_s
+        self.cpu_s += cpu_s
+        if stats is not None:
+            self.row_steps += len(stats.accepted_per_step)
+            self.row_step_tokens += sum(stats.accepted_per_step)
+
+    def as_dict(self) -> dict:
+        out = {"decoder": self.decoder, "draft": self.draft, "samples": self.samples, "new_tokens": self.new_tokens,
+               "target_forwards": self.target_forwards, "wall_s": round(self.wall_s, 2), "cpu_s": round(self.cpu_s, 2),
+               "tokens_per_s": round(self.new_tokens / self.wall_s, 2) if self.wall_s else None,
+               "tokens_per_cpu_minute": round(60 * self.new_tokens / self.cpu_s, 1) if self.cpu_s else None}
+        if self.decoder == "tree":  # tokens a row commits per target forward: the draft's acceptance on this data
+            out["acceptance_length"] = round(self.row_step_tokens / self.row_steps, 3) if self.row_steps else None
+        return out
+
+    def line(self, what: str) -> str:
+        d = self.as_dict()
+        by = "tree decoding" + (f" (draft {self.draft})" if self.draft else "") if self.decoder == "tree" else "plain generate"
+        accepted = f", acceptance length {d['acceptance_length']}" if d.get("acceptance_length") else ""
+        return (f"[data] {what}: {by}, {d['new_tokens']} new tokens for {d['samples']} samples in {d['wall_s']} s, "
+                f"{d['target_forwards']} target forwards ({d['tokens_per_s']} tokens/s, {d['tokens_per_cpu_minute']} "
+                f"tokens per CPU-minute{accepted})")
+
+
+def _speed(draft) -> GenerationSpeed:
+    if draft is None:
+        return GenerationSpeed("generate")
+    name = str(draft) if isinstance(draft, (str, Path)) else getattr(draft, "name_or_path", None)
+    return GenerationSpeed("tree", name or None)
+
+
+def _eos_ids(target, tokenizer) -> set[int]:
+    ids = getattr(target.generation_config, "eos_token_id", None)
+    ids = set(ids if isinstance(ids, (list, tuple)) else [] if ids is None else [ids])
+    return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
+
+
 @torch.no_grad()
 def _generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_tokens: int, temperature: float,
-                    add_generation_prompt: bool = True, raw_prefixes: list[str] | None = None) -> list[str]:
+                    add_generation_prompt: bool = True, raw_prefixes: list[str] | None = None, draft=None,
+                    speed: GenerationSpeed | None = None) -> list[str]:
+    """The target's continuations of a batch (left-padded): plain ``generate``, or tree decoding with ``draft``."""
     if raw_prefixes is not None:
         texts = raw_prefixes
     else:
         texts = [tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False) for c in conversations]
     tokenizer.padding_side = "left"
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
-    out = target.generate(
-        **enc, max_new_tokens=max_new_tokens, do_sample=temperature > 0, temperature=temperature or None,
-        top_p=0.95 if temperature > 0 else None, pad_token_id=tokenizer.pad_token_id,
-    )
-    return [tokenizer.decode(o[enc.input_ids.shape[1]:], skip_special_tokens=True).strip() for o in out]
+    sample = temperature > 0
+    wall, cpu = time.perf_counter(), time.process_time()
+    if draft is None:
+        out = target.generate(
+            **enc, max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature or None,
+            top_p=0.95 if sample else None, pad_token_id=tokenizer.pad_token_id,
+        )
+        stats, forwards = None, out.shape[1] - enc.input_ids.shape[1]
+    else:  # sampling draws from the same distribution as generate (with other draws for the same seed)
+        res = tree_decode(target, draft, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=max_new_tokens,
+                          do_sample=sample, temperature=temperature if sample else 1.0, top_p=0.95 if sample else 1.0)
+        out, stats = res.sequences, res.stats
+        forwards = stats.target_forwards
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    # a row ends at its first stop token: the two decoders pad finished rows differently
+    eos, rows = _eos_ids(target, tokenizer), []
+    for row in out[:, enc.input_ids.shape[1]:].tolist():
+        stop = next((n for n, t in enumerate(row) if t in eos), None)
+        rows.append(row if stop is None else row[: stop + 1])
+    if speed is not None:
+        speed.add(len(rows), sum(len(r) for r in rows), forwards, wall, cpu, stats)
+    return [tokenizer.decode(r, skip_special_tokens=True).strip() for r in rows]
 
 
 def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_tokens: int = 384,
-               temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1) -> Dataset:
+               temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1, draft=None,
+               report: dict | None = None) -> Dataset:
     """Replace every assistant turn by the target's own answer (turn by turn, batched).
 
-    Resumable: finished batches are appended to ``cache_path`` (jsonl keyed by sample index), a rerun skips
-    them. A draft must learn the target's distribution, so this is the default for training data.
+    Resumable: finished batches are appended to ``cache_path`` (jsonl keyed by sample index, with the decoder that
+    wrote them), a rerun skips them. A draft must learn the target's distribution, so this is the default for
+    training data.
+
+    ``draft``: an EAGLE-3 draft for ``target`` (a loaded model, a folder or a Hub id): the answers come from tree
+    decoding, greedy ones token for token as from ``generate`` (float32). ``report``: a dict this call fills with
+    its decoder and speed (``GenerationSpeed.as_dict``).
     """
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -167,6 +296,7 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
                     continue
                 done[rec["i"]] = rec["messages"]
     todo = [i for i in range(len(ds)) if i not in done]
+    speed = _speed(draft)
     bar = tqdm(total=len(ds), initial=len(ds) - len(todo), desc="regenerate responses", unit="sample")
     with open(cache_path, "a") as f:
         for start in range(0, len(todo), batch_size):
@@ -186,27 +316,32 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
                             break
                         if turn == 0 and m["role"] == "system" and not convs[j]:
                             convs[j].append(m)
-                answers = _generate_batch(target, tokenizer, [convs[j] for j in active], max_new_tokens, temperature)
+                answers = _generate_batch(target, tokenizer, [convs[j] for j in active], max_new_tokens, temperature,
+                                          draft=draft, speed=speed)
                 for j, a in zip(active, answers):
                     convs[j].append({"role": "assistant", "content": a})
             for i, c in zip(idx, convs):
-                f.write(json.dumps({"i": i, "messages": c}) + "\n")
+                f.write(json.dumps({"i": i, "messages": c, "by": speed.decoder}) + "\n")
                 done[i] = c
             f.flush()
             os.fsync(f.fileno())
             bar.update(len(idx))
     bar.close()
+    _finish(speed, "regenerate", report)
     return Dataset.from_list([{"messages": done[i]} for i in range(len(ds))])
 
 
 def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Path, seed: int = 0,
                        max_new_tokens: int = 96, temperature: float = 1.0, batch_size: int = 16,
-                       openers: list[str] | None = None) -> Dataset:
+                       openers: list[str] | None = None, draft=None, report: dict | None = None) -> Dataset:
     """Magpie-style self-synthesis: feed the chat template's *user prefix* alone and let the target write
     the user's message. Resumable through ``cache_path`` (jsonl).
 
     ``openers`` (e.g. ``["Write", "Explain", "Pretend you are"]``) start the user's message, in turn: a small
-    target left alone mostly asks for advice, an opener steers it to other kinds of request."""
+    target left alone mostly asks for advice, an opener steers it to other kinds of request.
+
+    ``draft`` / ``report``: as in ``regenerate``. Sampled with a draft, tree decoding's lossless sampling draws from
+    the target's distribution, seeded like ``generate``, but other prompts than ``generate`` for the same seed."""
     prefix = user_prefix(tokenizer)
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -217,6 +352,7 @@ def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Pa
                 prompts.append(json.loads(line)["prompt"])
             except json.JSONDecodeError:
                 continue
+    speed = _speed(draft)
     bar = tqdm(total=num_prompts, initial=min(len(prompts), num_prompts), desc="synthesise prompts", unit="prompt")
     torch.manual_seed(seed + len(prompts))
     attempts, max_attempts = 0, 10 * num_prompts + batch_size
@@ -228,16 +364,24 @@ def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Pa
             starts = [openers[(len(prompts) + j) % len(openers)].strip() if openers else "" for j in range(batch_size)]
             attempts += batch_size
             outs = _generate_batch(target, tokenizer, [None] * batch_size, max_new_tokens, temperature,
-                                   raw_prefixes=[prefix + start for start in starts])
+                                   raw_prefixes=[prefix + start for start in starts], draft=draft, speed=speed)
             for start, text in zip(starts, outs):
                 text = (start + " " + text.split("<|im_end|>")[0]).strip()
                 if 10 <= len(text) <= 2000 and len(prompts) < num_prompts:
                     prompts.append(text)
-                    f.write(json.dumps({"prompt": text}) + "\n")
+                    f.write(json.dumps({"prompt": text, "by": speed.decoder}) + "\n")
                     bar.update(1)
             f.flush()
     bar.close()
+    _finish(speed, "synthesise prompts", report)
     return Dataset.from_list([{"messages": [{"role": "user", "content": p}]} for p in prompts[:num_prompts]])
+
+
+def _finish(speed: GenerationSpeed, what: str, report: dict | None) -> None:
+    if speed.samples:
+        print(speed.line(what))
+    if report is not None:
+        report.update(speed.as_dict())
 
 
 def user_prefix(tokenizer) -> str:
@@ -297,15 +441,34 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
                         temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1,
                         min_chars: int = 1, max_chars: int = 20000, strip_patterns: list[str] | None = None,
                         synthesize_seed: int | None = None, synthesize_openers: list[str] | None = None,
-                        synthesize_batch_size: int = 16) -> Dataset:
+                        synthesize_batch_size: int = 16, regenerate_with: str = "generate",
+                        regenerate_draft: str | None = None, target_name: str | None = None) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
     answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes.
+
+    ``regenerate_with`` / ``regenerate_draft`` / ``target_name``: the recipe's ``data.regenerate_with``,
+    ``data.regenerate_draft`` and ``target.name`` (see ``regeneration_draft``). ``tree`` decodes every call with
+    the draft; ``auto`` the greedy ones only (answers at temperature 0), where it writes the same tokens as
+    ``generate``: sampled calls (prompt synthesis) stay on ``generate``, so that a seed keeps its prompts. The decoder
+    and speed of every call that generated something are appended to ``work_dir/generation_report.json``.
 
     A source given as ``{path, regenerate: false}`` keeps its answers whatever ``regenerate_responses`` says:
     for data this target has already answered (an earlier run's ``regen-*.jsonl``). One given with ``eval: false``
     never goes to the held-out split (data an earlier stage trained on): the returned ``eval_ok`` column says
     which samples may."""
     work_dir = Path(work_dir)
+    draft_path = regeneration_draft(regenerate_with, regenerate_draft, target_name)
+    loaded: dict = {}
+    calls: dict[str, dict] = {}  # cache file name -> its call's decoder and speed
+
+    def draft_for(temperature: float):
+        if draft_path is None or (regenerate_with == "auto" and temperature > 0):
+            return None
+        if "draft" not in loaded:
+            # a reference draft that `auto` picked and that does not fit (another aux layer choice, ...): generate
+            loaded["draft"] = _fitting_draft(draft_path, target, quiet=regenerate_with == "auto" and regenerate_draft is None)
+        return loaded["draft"]
+
     fresh, kept = [], []  # answered by the target here / kept as they are
     trained_before = set()  # prompt keys of the `eval: false` sources
     for src in sources:
@@ -325,10 +488,13 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
         if synthesize_openers:  # other openers, other prompts: their own cache
             name += "-openers-" + hashlib.sha1(json.dumps(synthesize_openers).encode()).hexdigest()[:8]
         synth = synthesize_prompts(target, tokenizer, synthesize, work_dir / f"{name}.jsonl", seed=sseed,
-                                   openers=synthesize_openers, batch_size=synthesize_batch_size)
+                                   openers=synthesize_openers, batch_size=synthesize_batch_size,
+                                   draft=draft_for(1.0), report=calls.setdefault(f"{name}.jsonl", {}))
         if not regenerate_responses:  # the dataset's answers are kept, but synthesised prompts have none yet
-            synth = regenerate(synth, target, tokenizer, work_dir / f"answers-{name}-{synthesize}-{max_new_tokens}.jsonl",
-                               max_new_tokens=max_new_tokens, temperature=temperature, batch_size=batch_size)
+            cache = f"answers-{name}-{synthesize}-{max_new_tokens}.jsonl"
+            synth = regenerate(synth, target, tokenizer, work_dir / cache, max_new_tokens=max_new_tokens,
+                               temperature=temperature, batch_size=batch_size, draft=draft_for(temperature),
+                               report=calls.setdefault(cache, {}))
             kept.append(synth)
         else:
             fresh.append(synth)
@@ -362,14 +528,47 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     if fresh:
         ds = clean(fresh)
         who = getattr(target, "name_or_path", None) or getattr(target.config, "_name_or_path", "")
+        # the key names no decoder: both write the target's own answers (greedy: the same tokens), so a cache
+        # outlives a change of decoder
         key = hashlib.sha1(f"{ds._fingerprint}:{who}:{max_new_tokens}:{temperature}:{max_turns}".encode()).hexdigest()[:10]
         out.append(regenerate(ds, target, tokenizer, work_dir / f"regen-{key}.jsonl", max_new_tokens=max_new_tokens,
-                              temperature=temperature, batch_size=batch_size, max_turns=max_turns))
+                              temperature=temperature, batch_size=batch_size, max_turns=max_turns,
+                              draft=draft_for(temperature), report=calls.setdefault(f"regen-{key}.jsonl", {})))
     if kept:
         out.append(clean(kept))
+    _record_calls(work_dir / GENERATION_REPORT, calls, regenerate_with, draft_path)
     ds = out[0] if len(out) == 1 else dedupe(concatenate_datasets(out)).shuffle(seed=seed).flatten_indices()
     return ds.add_column("eval_ok", [prompt_key(m) not in trained_before for m in ds["messages"]])
 
 
+def _fitting_draft(path: str, target, quiet: bool):
+    """The draft at ``path`` loaded for ``target`` (once per target); with ``quiet``, None and a warning where it
+    does not fit the target."""
+    draft = load_draft(path, target)
+    try:
+        draft.check_fits(target)
+    except ValueError as e:
+        if not quiet:
+            raise ValueError(f"The regeneration draft {path} (data.regenerate_draft): {e}") from None
+        print(f"[data] warn: the reference draft {path} does not fit this target ({e}): the target writes with plain "
+              "generate")
+        return None
+    return draft
+
+
+def _record_calls(path: Path, calls: dict[str, dict], regenerate_with: str, draft: str | None) -> None:
+    """Append the calls that generated something to the generation report (a rerun from the caches adds nothing)."""
+    try:
+        log = json.loads(path.read_text())
+    except (OSError, ValueError):
+        log = {}
+    log.update({"regenerate_with": regenerate_with, "draft": draft})
+    for cache, call in calls.items():
+        if call.get("samples"):
+            log.setdefault("calls", {}).setdefault(cache, []).append(call)
+    atomic_write_json(path, log)
+
+
 __all__ = ["PRESETS", "DataError", "normalise_example", "source_spec", "load_source", "dedupe", "regenerate", "synthesize_prompts", "prompt_key",
-           "user_prefix", "render_with_mask", "tokenize_dataset", "build_conversations"]
+           "user_prefix", "render_with_mask", "tokenize_dataset", "build_conversations", "REGENERATE_WITH",
+           "GENERATION_REPORT", "GenerationSpeed", "regeneration_draft"]

@@ -29,6 +29,13 @@ DEFAULTS: dict = {
         "synthesize_seed": None,  # seed of those prompts (default: train.seed); another seed gives other prompts
         "synthesize_openers": [],  # words that start the synthesised prompts, in turn (steer the kinds of request)
         "regenerate": True,  # answer every prompt with the target (a draft must learn the target's distribution)
+        # how the target writes answers and synthesised prompts: generate (plain target.generate), tree (lossless tree
+        # decoding with regenerate_draft) or auto (tree for greedy answers where there is a draft, else generate;
+        # sampled prompt synthesis stays on generate so that a seed keeps its prompts). Greedy tree decoding writes
+        # plain greedy's tokens (float32) in fewer target forwards; work_dir/data/generation_report.json records
+        # which decoder wrote the data and its tokens per second and per CPU-minute
+        "regenerate_with": "auto",
+        "regenerate_draft": None,  # an EAGLE-3 draft folder or Hub id for the target (default: its reference draft)
         "max_new_tokens": 384,
         "temperature": 0.0,
         "gen_batch_size": 16,

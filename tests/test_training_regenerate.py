@@ -1,0 +1,139 @@
+"""Training data written through tree decoding (``data.regenerate_with``, ``data.regenerate_draft``): the same
+conversations as plain ``generate`` in float32 greedy, sampled synthesis seeded, the decoder and its speed recorded,
+and the choice of draft checked before any model loads.
+
+A tiny random float32 Llama with SmolLM2's tokenizer (``tiny_target_dir``) and a random draft sized to it: a random
+draft accepts little, but every token it does not propose is the target's own, so the text must not change.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from eagle3_hub import Eagle3DraftModel
+from eagle3_hub.targets import load_target, reference_draft
+from eagle3_hub.training.data import (
+    GENERATION_REPORT,
+    build_conversations,
+    regenerate,
+    regeneration_draft,
+    synthesize_prompts,
+)
+from eagle3_hub.training.recipe import load_recipe, parse_overrides
+
+
+@pytest.fixture(scope="module")
+def tiny_pair(tiny_target_dir, tmp_path_factory):
+    """(target, tokenizer, draft folder): the tiny target in float32 and a random draft saved for it."""
+    target, tok = load_target(str(tiny_target_dir), dtype=torch.float32)
+    torch.manual_seed(0)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=512).float()
+    draft.set_vocab_mapping(torch.randperm(target.config.vocab_size)[:512].sort().values)
+    folder = tmp_path_factory.mktemp("tiny_draft")
+    draft.save_pretrained(folder)
+    return target, tok, str(folder)
+
+
+def test_tree_decoding_writes_the_conversations_plain_generate_writes(tmp_path, tiny_pair, data_dir):
+    target, tok, draft = tiny_pair
+    sources = [str(data_dir / "prompts.json"), {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4}]
+    # batches of 4 prompts of different lengths (left padding), two user turns, synthesised prompts (sampled)
+    kw = dict(target=target, tokenizer=tok, synthesize=3, max_new_tokens=12, batch_size=4, max_turns=2)
+    plain = build_conversations(sources, work_dir=tmp_path / "plain", regenerate_with="generate", **kw)
+    tree = build_conversations(sources, work_dir=tmp_path / "tree", regenerate_with="auto", regenerate_draft=draft, **kw)
+    assert len(plain) == 13 and sum(len(ex["messages"]) == 4 for ex in plain) == 4
+    assert list(tree["messages"]) == list(plain["messages"])
+    assert all(m["content"] for ex in tree for m in ex["messages"] if m["role"] == "assistant")
+
+    report = json.loads((tmp_path / "tree" / GENERATION_REPORT).read_text())
+    assert report["regenerate_with"] == "auto" and report["draft"] == draft
+    (regen,) = [c for name, c in report["calls"].items() if name.startswith("regen-")]
+    assert regen[0]["decoder"] == "tree" and regen[0]["draft"] == draft and regen[0]["samples"] > 13
+    assert regen[0]["new_tokens"] > 0 and regen[0]["tokens_per_s"] > 0 and regen[0]["tokens_per_cpu_minute"] > 0
+    # auto samples prompts with generate: the same seed, the same prompts as the plain run
+    assert report["calls"]["synth-seed0.jsonl"][0]["decoder"] == "generate"
+    plain_report = json.loads((tmp_path / "plain" / GENERATION_REPORT).read_text())
+    assert {c[0]["decoder"] for c in plain_report["calls"].values()} == {"generate"} and plain_report["draft"] is None
+    # every cached answer names its decoder; a rerun from the caches generates nothing and records no call
+    lines = [json.loads(line) for p in (tmp_path / "tree").glob("regen-*.jsonl") for line in open(p)]
+    assert {rec["by"] for rec in lines} == {"tree"}
+    again = build_conversations(sources, work_dir=tmp_path / "tree", regenerate_with="tree", regenerate_draft=draft, **kw)
+    assert list(again["messages"]) == list(plain["messages"])
+    assert json.loads((tmp_path / "tree" / GENERATION_REPORT).read_text())["calls"] == report["calls"]
+
+
+def test_prompt_synthesis_through_tree_decoding(tmp_path, tiny_pair):
+    target, tok, draft = tiny_pair
+    kw = dict(max_new_tokens=10, batch_size=2, openers=["Write a poem", "Solve the puzzle"])
+    # greedy: the prompts plain generate writes
+    greedy = [synthesize_prompts(target, tok, 2, tmp_path / f"{name}.jsonl", temperature=0.0, draft=d, **kw)
+              for name, d in (("greedy-plain", None), ("greedy-tree", draft))]
+    assert list(greedy[0]["messages"]) == list(greedy[1]["messages"])
+    # sampled: lossless tree sampling, seeded: the same seed writes the same prompts again
+    report: dict = {}
+    sampled = [synthesize_prompts(target, tok, 4, tmp_path / f"sampled-{run}.jsonl", seed=3, draft=draft,
+                                  report=report, **kw) for run in (0, 1)]
+    assert list(sampled[0]["messages"]) == list(sampled[1]["messages"])
+    assert len({ex["messages"][0]["content"] for ex in sampled[0]}) == 4
+    assert report["decoder"] == "tree" and report["samples"] >= 4 and report["new_tokens"] > 0
+    assert {json.loads(line)["by"] for line in open(tmp_path / "sampled-0.jsonl")} == {"tree"}
+
+
+def test_regenerate_takes_a_loaded_draft_and_reports_its_speed(tmp_path, tiny_pair, data_dir):
+    target, tok, draft = tiny_pair
+    from datasets import Dataset
+
+    ds = Dataset.from_list([{"messages": [{"role": "user", "content": f"Count to {i}."}]} for i in range(3)])
+    loaded = Eagle3DraftModel.from_pretrained(draft, dtype=torch.float32)
+    runs = {}
+    for name, d in (("plain", None), ("tree", loaded)):
+        report: dict = {}
+        runs[name] = (regenerate(ds, target, tok, tmp_path / f"{name}.jsonl", max_new_tokens=24, batch_size=3,
+                                 draft=d, report=report), report)
+    assert list(runs["tree"][0]["messages"]) == list(runs["plain"][0]["messages"])
+    assert runs["plain"][1]["decoder"] == "generate" and runs["tree"][1]["decoder"] == "tree"
+    plain, tree = runs["plain"][1], runs["tree"][1]
+    assert tree["new_tokens"] == plain["new_tokens"] > 0  # the same tokens, counted alike
+    # one batched forward per new position for generate; tree decoding commits >= 1 token per row and forward
+    assert plain["target_forwards"] == 24 and tree["target_forwards"] <= 24 and tree["acceptance_length"] >= 1
+
+
+def test_the_regeneration_draft_is_chosen_and_checked_before_any_model_loads(tmp_path, tiny_pair):
+    _, _, draft = tiny_pair
+    shipped = reference_draft(None)
+    embedded = str(shipped) if (shipped / "config.json").is_file() else None
+    assert regeneration_draft("auto", None, None) == embedded  # the embedded target's reference draft
+    assert regeneration_draft("auto", None, str(tmp_path)) is None  # no draft for this target: plain generate
+    assert regeneration_draft("auto", draft, str(tmp_path)) == draft
+    assert regeneration_draft("tree", draft, None) == draft
+    assert regeneration_draft("generate", draft, None) is None
+    assert regeneration_draft("auto", "someone/draft-repo", None) == "someone/draft-repo"  # a Hub id
+    with pytest.raises(ValueError, match="data.regenerate_with: tree needs an EAGLE-3 draft"):
+        regeneration_draft("tree", None, str(tmp_path))
+    with pytest.raises(ValueError, match="must be auto, tree or generate, got 'fast'"):
+        regeneration_draft("fast", None, None)
+    with pytest.raises(FileNotFoundError, match="no config.json there"):
+        regeneration_draft("auto", str(tmp_path), None)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        regeneration_draft("tree", str(tmp_path / "missing" / "draft"), None)
+
+
+def test_a_draft_that_does_not_fit_the_target_is_refused(tmp_path, tiny_pair):
+    from tiny_models import make_tiny_target
+
+    target, tok, _ = tiny_pair
+    other = Eagle3DraftModel.from_target(make_tiny_target("llama"), draft_vocab_size=64)  # another vocabulary
+    other.save_pretrained(tmp_path / "other")
+    with pytest.raises(ValueError, match=r"regeneration draft .* \(data.regenerate_draft\): This draft does not fit"):
+        build_conversations([], target, tok, tmp_path / "w", synthesize=1, max_new_tokens=4, batch_size=1,
+                            synthesize_batch_size=1, regenerate_with="tree", regenerate_draft=str(tmp_path / "other"))
+
+
+def test_the_recipe_keys_and_their_defaults():
+    data = load_recipe()["data"]
+    assert data["regenerate_with"] == "auto" and data["regenerate_draft"] is None
+    over = parse_overrides(["--data.regenerate_with", "tree", "--data.regenerate_draft", "runs/x/draft"])
+    assert load_recipe(None, over)["data"]["regenerate_draft"] == "runs/x/draft"
