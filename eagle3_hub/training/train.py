@@ -31,7 +31,7 @@ from .checkpoints import (
     FINISHED, claim_work_dir, latest_checkpoint, move_aside, read_state, record_run, recover, run_id, run_identity,
     save_checkpoint,
 )
-from .data import DataError, build_conversations, tokenize_dataset
+from .data import GENERATION_REPORT, DataError, build_conversations, regeneration_draft, tokenize_dataset
 from .features import OfflineFeatures, aux_features
 from .recipe import draft_config_overrides, load_recipe, load_stages, parse_overrides
 from .losses import parse_loss
@@ -80,7 +80,8 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
 def data_key(recipe: dict, tokenizer) -> dict:
     """What the tokenised data depends on: a different key rebuilds it (the `datasets` cache keeps reruns cheap)."""
     target = {k: v for k, v in recipe["target"].items() if k != "dtype"}
-    data = {k: v for k, v in recipe["data"].items() if not (k == "seed" and v is None)}
+    data = {k: v for k, v in recipe["data"].items()
+            if not (k == "seed" and v is None) and k not in ("regenerate_with", "regenerate_draft")}
     return {"data": data, "seed": data_seed(recipe), "target": target,
             "tokenizer": getattr(tokenizer, "name_or_path", None)}
 
@@ -124,7 +125,8 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
             regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
             batch_size=d["gen_batch_size"], max_turns=d["max_turns"], strip_patterns=d["strip_patterns"],
             synthesize_seed=d["synthesize_seed"], synthesize_openers=d["synthesize_openers"],
-            synthesize_batch_size=d["synthesize_batch_size"],
+            synthesize_batch_size=d["synthesize_batch_size"], regenerate_with=d["regenerate_with"],
+            regenerate_draft=d["regenerate_draft"], target_name=recipe["target"]["name"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
         if len(tok) < 2:
@@ -134,6 +136,8 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
         with atomic_dir(final) as tmp:
             split.save_to_disk(str(tmp))
         report["eval_candidates"] = sum(tok["eval_ok"])  # samples of no `eval: false` source
+        if (work / GENERATION_REPORT).exists():  # which decoder wrote the answers, and how fast
+            report["generation"] = json.loads((work / GENERATION_REPORT).read_text())
         atomic_write_json(work / "data_report.json", {**report, "train": len(split["train"]), "eval": len(split["test"])})
         atomic_write_json(key_path, key)
         print(f"[data] {report}; train {len(split['train'])}, eval {len(split['test'])}")
@@ -230,6 +234,7 @@ def check_masked_share(share: float, steps: int, recipe: dict, vocab_size: int) 
 def check_recipe(recipe: dict) -> None:
     """Checks that need no model, made before anything is loaded or written."""
     t, d, data = recipe["train"], recipe["draft"], recipe["data"]
+    regeneration_draft(data["regenerate_with"], data["regenerate_draft"], recipe["target"]["name"])  # bad values fail early
     if recipe["features"]["mode"] not in ("online", "offline"):
         raise ValueError(f"features.mode must be `online` or `offline`, got {recipe['features']['mode']!r}")
     reuse = recipe["features"]["reuse_from"]
