@@ -16,11 +16,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 from transformers import AutoModel, GenerationConfig, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
-from transformers.cache_utils import DynamicCache
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from eagle3_hub import Eagle3DraftModel
-from tests.tiny_models import ARCHITECTURES, make_tiny_target
+from tiny_models import ARCHITECTURES, make_tiny_target
 
 VOCAB = 256
 
@@ -569,7 +568,7 @@ def test_bfloat16_runs_and_mostly_agrees(trained):
         draft.bind(target)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_cuda(trained, dtype):
     target, draft, prompts = trained
@@ -599,17 +598,14 @@ def test_cuda(trained, dtype):
 
 
 @pytest.fixture(scope="module")
-def smollm2():
-    from eagle3_hub.targets import load_target
-
-    try:
-        target, tokenizer = load_target(dtype=torch.float32)
-    except FileNotFoundError as e:
-        pytest.skip(str(e))
+def smollm2_with_draft(smollm2):
+    """(target, tokenizer, draft): the real target (conftest.py) and an untrained draft bound to it."""
+    target, tokenizer = smollm2
     torch.manual_seed(0)
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=4096).eval()
     draft.bind(target)
-    return target, tokenizer, draft
+    yield target, tokenizer, draft
+    draft.unbind()  # the target is shared with other tests
 
 
 def chat_ids(tokenizer, text):
@@ -617,8 +613,8 @@ def chat_ids(tokenizer, text):
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
 
 
-def test_smollm2_greedy_lossless_and_streamer(smollm2):
-    target, tokenizer, draft = smollm2
+def test_smollm2_greedy_lossless_and_streamer(smollm2_with_draft):
+    target, tokenizer, draft = smollm2_with_draft
     configure(draft, num_tokens=3, threshold=0.0)
     for text in ("What is the capital of France?", "Write a haiku about the sea."):
         inputs = chat_ids(tokenizer, text)

@@ -7,19 +7,17 @@ import ctypes
 import gc
 import json
 import os
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import make_tiny_target  # noqa: E402
+from tiny_models import make_tiny_target
 
-from eagle3_hub.benchmark import bench, machine, report, suites  # noqa: E402
-from eagle3_hub.commands import bench as bench_command  # noqa: E402
-from eagle3_hub.benchmark.bench import Mode, TurnRecord, run_benchmark  # noqa: E402
-from eagle3_hub.targets import default_dtype, reference_draft  # noqa: E402
+from eagle3_hub.benchmark import bench, machine, report, suites
+from eagle3_hub.commands import bench as bench_command
+from eagle3_hub.benchmark.bench import Mode, TurnRecord, run_benchmark
+from eagle3_hub.targets import default_dtype, reference_draft
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>"]
 CHAT_TEMPLATE = (
@@ -379,6 +377,7 @@ def test_tree_grid_and_sweep_summary():
 
 
 # ----------------------------------------------------------------------------------------- the real target
+@pytest.mark.slow  # the command loads the real target itself
 def test_bare_command_needs_only_the_reference_draft(tmp_path):
     """`eagle3-hub bench` with no arguments: embedded target, reference draft, bundled MT-bench."""
     args = _parse(["--num-questions", "1", "--max-new-tokens", "8", "--out", str(tmp_path / "out"), "--quiet", "--strict"])
@@ -391,18 +390,20 @@ def test_bare_command_needs_only_the_reference_draft(tmp_path):
     assert data["settings"]["methods"] == ["plain", "same_forward", "lookup", "assisted", "tree"]
 
 
-def test_smollm2_chat_bench_is_lossless(tmp_path):
+def test_smollm2_chat_bench_is_lossless(tmp_path, smollm2):
     """The real target through the whole bench path: chat template, second turn built on the first answer,
     every method equal to plain greedy in float32 (an untrained draft: acceptance is low, outputs still equal)."""
     from eagle3_hub import Eagle3DraftModel
-    from eagle3_hub.targets import load_target
 
-    target, tok = load_target()
+    target, tok = smollm2
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=8192).eval()  # the training default
     draft.bind(target)
     (suite,) = suites.load_suites("mt_bench", num_questions=1)
-    res = run_benchmark(target, tok, [suite], methods=["plain", "same_forward", "assisted", "tree"], draft=draft,
-                        max_new_tokens=8, warmup=0, progress=False)
+    try:
+        res = run_benchmark(target, tok, [suite], methods=["plain", "same_forward", "assisted", "tree"], draft=draft,
+                            max_new_tokens=8, warmup=0, progress=False)
+    finally:
+        draft.unbind()  # the target is shared with other tests
     assert all(e["lossless"] and e["turns"] == 2 for e in res["lossless"].values()), res["lossless"]
     turn1 = {r["method"]: r for r in res["records"] if r["turn"] == 1}
     turn2 = {r["method"]: r for r in res["records"] if r["turn"] == 2}

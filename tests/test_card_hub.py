@@ -12,17 +12,16 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
-from hub_server import FakeHub  # noqa: E402
-from test_bench import make_tokenizer, write_questions  # noqa: E402
-from tiny_models import make_tiny_target  # noqa: E402
+from hub_server import FakeHub
+from test_bench import make_tokenizer, write_questions
+from tiny_models import make_tiny_target
 
-from eagle3_hub import Eagle3DraftModel  # noqa: E402
-from eagle3_hub.benchmark import suites  # noqa: E402
-from eagle3_hub.benchmark.bench import run_benchmark  # noqa: E402
-from eagle3_hub.benchmark.report import write_report  # noqa: E402
-from eagle3_hub.card import card_is_ours, write_model_card  # noqa: E402
-from eagle3_hub.hub import HubPushError, files_to_upload, push_draft  # noqa: E402
+from eagle3_hub import Eagle3DraftModel
+from eagle3_hub.benchmark import suites
+from eagle3_hub.benchmark.bench import run_benchmark
+from eagle3_hub.benchmark.report import write_report
+from eagle3_hub.card import card_is_ours, write_model_card
+from eagle3_hub.hub import HubPushError, files_to_upload, push_draft
 
 TOKEN = "hf_alice_write"
 

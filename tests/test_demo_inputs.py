@@ -45,6 +45,7 @@ def _text(pane_html: str) -> str:
     return html.unescape(re.sub(r"<[^>]+>", "", reply))
 
 
+@pytest.mark.slow  # the pair cache loads the real target itself
 @pytest.mark.skipif(not (reference_draft() / "config.json").exists(), reason="the reference draft is not installed")
 def test_two_users_at_once_get_their_own_lossless_answers(monkeypatch):
     """Two requests through the demo's request handler at the same moment (as two browser tabs on the API would):

@@ -12,9 +12,9 @@ from safetensors.torch import load_file, save_file
 
 from eagle3_hub import Eagle3DraftModel, generate
 from eagle3_hub import formats
-from tests.engine_spec import sglang_problems, vllm_problems
-from tests.test_formats import AUX, convert_cli, inputs_for, write_foreign
-from tests.tiny_models import make_tiny_target
+from engine_spec import sglang_problems, vllm_problems
+from test_formats import AUX, convert_cli, inputs_for, write_foreign
+from tiny_models import make_tiny_target
 
 
 def randomized_variant(target, seed=0, draft_vocab_size=200, aux_layer_ids=AUX, **variant) -> Eagle3DraftModel:

@@ -13,7 +13,7 @@ from safetensors.torch import save_file
 
 from eagle3_hub import Eagle3DraftModel
 from eagle3_hub import formats
-from tests.engine_spec import sglang_problems, vllm_problems
+from engine_spec import sglang_problems, vllm_problems
 
 FIXTURES = Path(__file__).parent / "fixtures" / "published_configs"
 # tiny sizes; every other key of the published config is kept

@@ -8,10 +8,9 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_hub import Eagle3DraftModel
-from eagle3_hub.targets import load_target
-from tests.engine_spec import sglang_problems, vllm_problems
-from tests.test_formats import inputs_for, logits_of, randomized_draft
-from tests.tiny_models import ARCHITECTURES, make_tiny_target
+from engine_spec import sglang_problems, vllm_problems
+from test_formats import inputs_for, logits_of, randomized_draft
+from tiny_models import make_tiny_target
 
 
 @pytest.fixture(scope="module")
@@ -92,9 +91,8 @@ def test_vocabulary_maps(target):
 
 
 # ------------------------------------------------------------------------------ sizing, save, reload
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_draft_for_each_architecture_saves_and_reloads(arch, tmp_path):
-    target = make_tiny_target(arch)
+def test_draft_for_each_architecture_saves_and_reloads(tiny_target, tmp_path):
+    target = tiny_target
     text = target.config.get_text_config()
     draft = randomized_draft(target, draft_vocab_size=128, seed=5)
     c = draft.config
@@ -141,8 +139,8 @@ def test_draft_saved_without_embedding_uses_the_targets(target, draft, tmp_path)
 
 
 # ------------------------------------------------------------------------------ real target
-def test_smollm2_draft_round_trip(tmp_path):
-    target, tokenizer = load_target()
+def test_smollm2_draft_round_trip(tmp_path, smollm2):
+    target, tokenizer = smollm2
     text = target.config.get_text_config()
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=4096)
     assert draft.config.aux_layer_ids == [1, text.num_hidden_layers // 2 - 1, text.num_hidden_layers - 4]

@@ -2,38 +2,36 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_bench import _suite, make_tokenizer  # noqa: E402
-from tiny_models import make_tiny_target  # noqa: E402
+from test_bench import _suite, make_tokenizer
+from tiny_models import make_tiny_target
 
-from eagle3_hub import targets  # noqa: E402
-from eagle3_hub.benchmark import bench, near_ties, report  # noqa: E402
-from eagle3_hub.benchmark.bench import TurnRecord, run_benchmark  # noqa: E402
+from eagle3_hub import devices
+from eagle3_hub.benchmark import bench, near_ties, report
+from eagle3_hub.benchmark.bench import TurnRecord, run_benchmark
 
 
 def test_default_dtype_follows_the_cpus_bf16_units(monkeypatch):
-    assert isinstance(targets.cpu_has_bf16_units(), bool)
+    assert isinstance(devices.cpu_has_bf16_units(), bool)
     try:
         flags = set(Path("/proc/cpuinfo").read_text().split())
     except OSError:
         flags = None
     if flags is not None:  # torch's view of the CPU and the kernel's agree
-        assert targets.cpu_has_bf16_units() == bool(flags & {"avx512_bf16", "amx_bf16"})
-    monkeypatch.setattr(targets, "cpu_has_bf16_units", lambda: True)
-    assert targets.default_dtype("cpu") == torch.bfloat16
-    monkeypatch.setattr(targets, "cpu_has_bf16_units", lambda: False)
-    assert targets.default_dtype("cpu") == torch.float32
-    assert targets.default_dtype("cuda:0") == torch.bfloat16
-    assert targets.default_dtype("mps") == torch.float32
-    monkeypatch.setattr(targets, "cpu_has_bf16_units", lambda: True)
-    assert bench._resolve_device_dtype("cpu", "auto") == (torch.device("cpu"), torch.bfloat16)
-    assert bench._resolve_device_dtype("cpu", "float32")[1] == torch.float32
+        assert devices.cpu_has_bf16_units() == bool(flags & {"avx512_bf16", "amx_bf16"})
+    monkeypatch.setattr(devices, "cpu_has_bf16_units", lambda: True)
+    assert devices.default_dtype("cpu") == torch.bfloat16
+    monkeypatch.setattr(devices, "cpu_has_bf16_units", lambda: False)
+    assert devices.default_dtype("cpu") == torch.float32
+    assert devices.default_dtype("cuda:0") == torch.bfloat16
+    assert devices.default_dtype("mps") == torch.float32
+    monkeypatch.setattr(devices, "cpu_has_bf16_units", lambda: True)
+    assert devices.resolve_device_dtype("cpu", "auto") == (torch.device("cpu"), torch.bfloat16)
+    assert devices.resolve_device_dtype("cpu", "float32")[1] == torch.float32
 
 
 def test_step_at_is_the_spacing_of_the_dtype():
@@ -99,9 +97,9 @@ def test_a_wrong_token_is_caught_and_bf16_greedy_is_not():
 
 
 def test_a_token_is_flagged_only_when_neither_precision_calls_it_a_near_tie():
-    """The case of session 15 (SmolLM2-135M, bf16, a growing tree; diagnostics/grow_near_tie_probe.txt): float32 puts
-    the emitted token 0.80 below its best (tolerance 0.5 at 29.57), a bf16 prefill of the same text 0.375 (tolerance
-    0.5): a bf16 near-tie, not flagged. A token far below the best in both is; one over the bf16 tolerance alone is not."""
+    """A near-tie as SmolLM2-135M in bf16 with a growing tree can emit one: float32 puts the emitted token 0.80
+    below its best (tolerance 0.5 at 29.57), a bf16 prefill of the same text 0.375 (tolerance 0.5): a bf16
+    near-tie, not flagged. A token far below the best in both is; one over the bf16 tolerance alone is not."""
     gaps, best = torch.tensor([0.7964, 6.0, 0.1]), torch.tensor([29.5692, 29.5692, 29.5692])
     own_gaps, own_best = torch.tensor([0.375, 6.125, 0.75]), torch.tensor([29.5, 29.5, 29.5])
     tol, own_tol, over32, flagged = near_ties.near_tie_flags(gaps, best, own_gaps, own_best, torch.bfloat16)

@@ -7,7 +7,6 @@ import json
 import os
 import site
 import subprocess
-import sys
 import venv
 import zipfile
 from pathlib import Path

@@ -9,7 +9,6 @@ learnable and regenerated answers contain the tokens it predicts.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -25,15 +24,15 @@ import torch
 import yaml
 from datasets import Dataset
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, DynamicCache, LlamaConfig, LlamaForCausalLM
+from tiny_models import make_tiny_target
+from training_helpers import recipe_for, run_cli, write_jsonl, write_recipe
+from transformers import AutoTokenizer, DynamicCache
 
-sys.path.insert(0, str(Path(__file__).parent))
-from tiny_models import make_tiny_target  # noqa: E402
-
-from eagle3_hub import Eagle3DraftModel  # noqa: E402
-from eagle3_hub.targets import cpu_has_bf16_units, load_target, resolve_target  # noqa: E402
-from eagle3_hub.training import features as features_module  # noqa: E402
-from eagle3_hub.training.data import (  # noqa: E402
+from eagle3_hub import Eagle3DraftModel
+from eagle3_hub.devices import cpu_has_bf16_units
+from eagle3_hub.targets import load_target, resolve_target
+from eagle3_hub.training import features as features_module
+from eagle3_hub.training.data import (
     PRESETS,
     DataError,
     build_conversations,
@@ -45,93 +44,19 @@ from eagle3_hub.training.data import (  # noqa: E402
     tokenize_dataset,
     user_prefix,
 )
-from eagle3_hub.training.features import OfflineFeatures, ShardReader, aux_features, sample_key  # noqa: E402
-from eagle3_hub.training.recipe import load_recipe, parse_overrides  # noqa: E402
-from eagle3_hub.training.train import (  # noqa: E402
-    LengthGroupedBatches, collate, held_out_split, resolve_mixed_precision, run, train,
+from eagle3_hub.training.features import OfflineFeatures, ShardReader, aux_features, sample_key
+from eagle3_hub.training.recipe import load_recipe, parse_overrides
+from eagle3_hub.training.train import (
+    LengthGroupedBatches, collate, held_out_split, resolve_mixed_precision, train,
 )
-from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss  # noqa: E402
-from eagle3_hub.training.vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts  # noqa: E402
+from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss
+from eagle3_hub.training.vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 # ----------------------------------------------------------------------------------------------- fixtures
-@pytest.fixture(scope="module")
-def smol_tokenizer():
-    return AutoTokenizer.from_pretrained(resolve_target(None)[0])
-
-
-@pytest.fixture(scope="module")
-def tiny_target_dir(tmp_path_factory, smol_tokenizer):
-    """A random 3-layer Llama with SmolLM2's tokenizer, saved so that `load_target(folder)` works."""
-    folder = tmp_path_factory.mktemp("tiny_target")
-    tok = smol_tokenizer
-    config = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=3,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                         tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                         pad_token_id=tok.pad_token_id)
-    torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():
-        model.lm_head.weight.mul_(40)  # peaked next-token distributions: something a draft can learn
-    model.save_pretrained(folder)
-    tok.save_pretrained(folder)
-    return folder
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> Path:
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-    """Local files in the shapes of the presets and the common chat formats."""
-    d = tmp_path_factory.mktemp("data")
-    write_jsonl(d / "sharegpt.jsonl", [  # ShareGPT: conversations with from/value (+ an id)
-        {"id": f"s{i}", "conversations": [{"from": "human", "value": f"What is {i} plus {i + 1}?"},
-                                          {"from": "gpt", "value": f"{i} plus {i + 1} is {2 * i + 1}."}]}
-        for i in range(40)
-    ])
-    Dataset.from_list([  # UltraChat-200k: prompt, prompt_id, messages (role/content)
-        {"prompt": f"Name a colour number {i}.", "prompt_id": str(i),
-         "messages": [{"role": "user", "content": f"Name a colour number {i}."},
-                      {"role": "assistant", "content": "Blue." if i % 2 else "Green, like grass."},
-                      {"role": "user", "content": "Another one?"},
-                      {"role": "assistant", "content": "Red."}]}
-        for i in range(12)
-    ]).to_parquet(str(d / "ultrachat.parquet"))
-    (d / "prompts.json").write_text(json.dumps([{"prompt": f"Write a haiku about the number {i}."} for i in range(6)]))
-    write_jsonl(d / "alpaca.jsonl", [{"instruction": "Translate to French.", "input": "cat", "output": "chat"}])
-    return d
-
-
-def recipe_for(tmp_path: Path, target_dir: Path, sources: list, **sections) -> dict:
-    """A small recipe on the tiny target; `sections` override recipe sections key by key."""
-    recipe = {
-        "target": {"name": str(target_dir), "dtype": "float32"},
-        "draft": {"draft_vocab_size": 256},
-        # answers written by the target: the loss trains on its own tokens (foreign answers mask nearly every position)
-        "data": {"sources": [str(s) if isinstance(s, Path) else s for s in sources], "regenerate": True, "max_new_tokens": 12,
-                 "max_length": 64, "eval_samples": 4},
-        "train": {"ttt_steps": 3, "max_steps": 6, "batch_size": 4, "warmup_steps": 2, "save_every": 3,
-                  "eval_every": 3, "log_every": 1, "num_threads": 1},
-        "work_dir": str(tmp_path / "work"),
-    }
-    for section, values in sections.items():
-        if isinstance(values, dict):
-            recipe.setdefault(section, {}).update(values)
-        else:
-            recipe[section] = values
-    return load_recipe(None, recipe)
-
-
-def write_recipe(path: Path, recipe: dict) -> Path:
-    path.write_text(yaml.safe_dump(recipe))
-    return path
-
-
+# smollm2_tokenizer, tiny_target_dir and data_dir are in conftest.py
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_target_dir, data_dir):
     """One end-to-end run: regenerated answers, 30 steps, eval every 10. Returns (recipe, draft folder)."""
@@ -173,12 +98,12 @@ def test_local_files_of_each_shape_and_the_presets(data_dir):
     assert source_spec({"path": "ultrachat", "max_samples": 7})["max_samples"] == 7
 
 
-def test_dedupe_length_filter_and_seeded_order(tmp_path, data_dir, smol_tokenizer):
+def test_dedupe_length_filter_and_seeded_order(tmp_path, data_dir, smollm2_tokenizer):
     rows = [{"prompt": "Same question?", "response": "a"}, {"prompt": "same   QUESTION?", "response": "b"},
             {"prompt": "Other question?", "response": "c"}, {"prompt": "x" * 30000, "response": "too long"}]
     rows += [{"prompt": f"Question {i}?", "response": str(i)} for i in range(20)]
     path = write_jsonl(tmp_path / "dups.jsonl", rows)
-    kw = dict(target=None, tokenizer=smol_tokenizer, work_dir=tmp_path / "w", regenerate_responses=False)
+    kw = dict(target=None, tokenizer=smollm2_tokenizer, work_dir=tmp_path / "w", regenerate_responses=False)
     a = build_conversations([str(path)], seed=1, **kw)
     firsts = [ex["messages"][0]["content"] for ex in a]
     assert len(a) == 22 and "x" * 30000 not in firsts and sum(f.lower().startswith("same") for f in firsts) == 1
@@ -190,13 +115,13 @@ def masked_text(tokenizer, sample) -> str:
     return tokenizer.decode([i for i, m in zip(sample["input_ids"], sample["loss_mask"]) if m])
 
 
-def test_loss_mask_covers_assistant_turns_only(smol_tokenizer):
+def test_loss_mask_covers_assistant_turns_only(smollm2_tokenizer):
     msgs = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! Nice day."},
             {"role": "user", "content": "And then?"}, {"role": "assistant", "content": "Then we rest."}]
-    out = render_with_mask(smol_tokenizer, msgs, max_length=512)
+    out = render_with_mask(smollm2_tokenizer, msgs, max_length=512)
     assert len(out["input_ids"]) == len(out["loss_mask"]) and not out["truncated"]
     # SmolLM2's template has no {% generation %} markers: spans come from rendering growing prefixes
-    assert masked_text(smol_tokenizer, out) == "Hello! Nice day.<|im_end|>\nThen we rest.<|im_end|>\n"
+    assert masked_text(smollm2_tokenizer, out) == "Hello! Nice day.<|im_end|>\nThen we rest.<|im_end|>\n"
 
     zephyr = AutoTokenizer.from_pretrained(resolve_target(None)[0])
     zephyr.chat_template = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '</s>\n' }}{% endfor %}"
@@ -212,13 +137,13 @@ def test_loss_mask_covers_assistant_turns_only(smol_tokenizer):
         render_with_mask(rewriting, msgs, max_length=512)
 
 
-def test_long_samples_are_truncated_and_counted(smol_tokenizer):
+def test_long_samples_are_truncated_and_counted(smollm2_tokenizer):
     short = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Yo"}]
-    n = len(render_with_mask(smol_tokenizer, short, 10_000)["input_ids"])
+    n = len(render_with_mask(smollm2_tokenizer, short, 10_000)["input_ids"])
     long = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "word " * 200}]
     prompt_only = [{"role": "user", "content": "A prompt nobody answered."}]
     ds = Dataset.from_list([{"messages": m} for m in (short, long, prompt_only)])
-    tok, report = tokenize_dataset(ds, smol_tokenizer, max_length=n)  # `short` fits exactly: not truncated
+    tok, report = tokenize_dataset(ds, smollm2_tokenizer, max_length=n)  # `short` fits exactly: not truncated
     assert report == {"samples": 3, "truncated": 1, "dropped_no_loss_tokens": 1, "kept": 2}
     assert [len(x) for x in tok["input_ids"]] == [n, n]
     with pytest.raises(DataError, match="no chat template"):
@@ -608,7 +533,7 @@ def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path, tin
     killed = recipe_for(tmp_path / "b", tiny_target_dir, [data_dir / "sharegpt.jsonl"], **common)
     config = write_recipe(tmp_path / "b.yaml", killed)
     log = open(tmp_path / "killed.log", "w")  # a file, not a pipe: progress bars must never block the run
-    proc = subprocess.Popen([sys.executable, "-m", "eagle3_hub.training.train", "--config", str(config)], env=ENV,
+    proc = subprocess.Popen([sys.executable, "-m", "eagle3_hub.commands.train", "--config", str(config)], env=ENV,
                             stdout=log, stderr=subprocess.STDOUT)
     ckpts = Path(killed["work_dir"]) / "checkpoints"
     deadline = time.time() + 120
@@ -664,9 +589,9 @@ def test_stages_train_in_one_command_and_a_resumed_chain_skips_the_finished_ones
     (two / "model.safetensors").unlink()
     before = (one / "model.safetensors").stat().st_mtime_ns
     # a resume with another recipe (the override left out) is another run: refused, nothing trained
-    assert run(argparse.Namespace(config=str(config), resume=True, overrides=[])) == 2
+    assert run_cli(config, resume=True) == 2
     assert "holds checkpoints of another run (its recipe differs: train.lr 0.002 -> 0.0005)" in capsys.readouterr().err
-    assert run(argparse.Namespace(config=str(config), resume=True, overrides=["--train.lr", "0.002"])) == 0
+    assert run_cli(config, "--train.lr", "0.002", resume=True) == 0
     out = capsys.readouterr().out
     assert "one.yaml finished earlier" in out and "two.yaml finished earlier" not in out
     assert (one / "model.safetensors").stat().st_mtime_ns == before
@@ -844,7 +769,7 @@ def test_data_parallel_run_on_two_cpu_processes(tmp_path, tiny_target_dir, data_
     recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
                         train={"max_steps": None, "epochs": 1, "save_every": 4, "eval_every": 4})
     config = write_recipe(tmp_path / "recipe.yaml", recipe)
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "eagle3_hub.training.train",
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", "-m", "eagle3_hub.commands.train",
                            "--config", str(config)], env={**ENV, "ACCELERATE_USE_CPU": "true"},
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -856,7 +781,7 @@ def test_data_parallel_run_on_two_cpu_processes(tmp_path, tiny_target_dir, data_
     assert (proc.stdout + proc.stderr).count("[vocab]") == 1
 
 
-def test_a_peft_adapter_target_is_merged_into_its_base(tmp_path, tiny_target_dir, data_dir, smol_tokenizer):
+def test_a_peft_adapter_target_is_merged_into_its_base(tmp_path, tiny_target_dir, data_dir, smollm2_tokenizer):
     """A fine-tuned target given as a PEFT adapter (base + adapter, merged at load), by folder alone or as
     target.adapter next to target.name."""
     from peft import LoraConfig, get_peft_model
@@ -866,7 +791,7 @@ def test_a_peft_adapter_target_is_merged_into_its_base(tmp_path, tiny_target_dir
     tuned = get_peft_model(base, LoraConfig(r=4, target_modules=["q_proj", "v_proj", "down_proj"], init_lora_weights=False))
     adapter_dir = tmp_path / "adapter"
     tuned.save_pretrained(adapter_dir)
-    smol_tokenizer.save_pretrained(adapter_dir)
+    smollm2_tokenizer.save_pretrained(adapter_dir)
     ids = torch.tensor([[1, 2, 3, 4, 5]])
     plain = load_target(str(tiny_target_dir))[0](ids).logits
     merged = load_target(str(tiny_target_dir), adapter=str(adapter_dir))[0](ids).logits
@@ -875,16 +800,12 @@ def test_a_peft_adapter_target_is_merged_into_its_base(tmp_path, tiny_target_dir
     recipe = recipe_for(tmp_path, adapter_dir, [data_dir / "sharegpt.jsonl"], train={"max_steps": 2})
     out = train(recipe)
     assert json.loads((out / "training_metrics.json").read_text())["recipe"]["target"]["name"] == str(adapter_dir)
-    assert Eagle3DraftModel.from_pretrained(out, target=load_target(str(adapter_dir))[0]).config.vocab_size == len(smol_tokenizer)
+    assert Eagle3DraftModel.from_pretrained(out, target=load_target(str(adapter_dir))[0]).config.vocab_size == len(smollm2_tokenizer)
 
 
 # ----------------------------------------------------------------------------------------------- bad input
-def run_cli(config: Path, *overrides: str) -> int:
-    return run(argparse.Namespace(config=str(config), resume=False, overrides=list(overrides)))
-
-
 @pytest.fixture(scope="module")
-def no_template_target(tmp_path_factory, tiny_target_dir, smol_tokenizer):
+def no_template_target(tmp_path_factory, tiny_target_dir, smollm2_tokenizer):
     folder = tmp_path_factory.mktemp("no_template")
     for name in ("config.json", "model.safetensors", "generation_config.json"):
         os.symlink(tiny_target_dir / name, folder / name)
@@ -1000,7 +921,8 @@ def test_overrides_are_parsed_as_yaml_and_checked_against_the_recipe():
 
 
 # ----------------------------------------------------------------------------------------------- real target
-def test_short_real_run_on_smollm2(tmp_path):
+@pytest.mark.slow  # train() loads the real target itself
+def test_short_real_run_on_smollm2(tmp_path, smollm2):
     """SmolLM2-135M-Instruct (float32): answers regenerated by the model itself, 3 TTT steps, a held-out eval."""
     rows = [{"question": q, "answer": "unused: regenerated"} for q in (
         "What is 12 times 3?", "Name the capital of France.", "Give one word that rhymes with cat.",
@@ -1022,8 +944,9 @@ def test_short_real_run_on_smollm2(tmp_path):
     assert len(metrics["acceptance"]["step_accuracy"]) == 3
     config = json.loads((out / "config.json").read_text())
     assert config["eagle_config"]["eagle_aux_hidden_state_layer_ids"] == [1, 14, 26] and config["draft_vocab_size"] == 2048
-    target, tok = load_target(None)
+    target, tok = smollm2
     draft = Eagle3DraftModel.from_pretrained(out, target=target, dtype=torch.float32)
     ids = tok("The answer is", return_tensors="pt").input_ids
     aux, _ = aux_features(target, ids, torch.ones_like(ids), draft.config.aux_layer_ids)
     assert torch.isfinite(draft(input_ids=ids, target_hidden_states=aux).logits).all()
+    draft.unbind()  # the target is shared with other tests

@@ -18,7 +18,7 @@ from safetensors.torch import load_file
 from eagle3_hub.training import checkpoints
 from eagle3_hub.training.checkpoints import STATE_FILE, latest_checkpoint, read_state, recover, run_id, run_identity
 from eagle3_hub.training.train import train
-from test_training import data_dir, recipe_for, run_cli, smol_tokenizer, tiny_target_dir, write_recipe  # noqa: F401
+from training_helpers import recipe_for, run_cli, write_recipe
 
 SHORT = {"max_steps": 6, "save_every": 3, "eval_every": 3, "keep_checkpoints": 2}
 

@@ -11,7 +11,7 @@ import pytest
 
 from eagle3_hub.training.recipe import load_recipe, parse_overrides
 from eagle3_hub.training.train import train
-from test_training import data_dir, recipe_for, run_cli, smol_tokenizer, tiny_target_dir, write_recipe  # noqa: F401
+from training_helpers import recipe_for, run_cli, write_recipe
 
 
 def one_error_line(err: str) -> str:

@@ -16,9 +16,8 @@ from eagle3_hub.training.losses import LOSSES, acceptance, parse_loss, position_
 from eagle3_hub.training.recipe import load_recipe
 from eagle3_hub.training.train import train
 from eagle3_hub.training.ttt import acceptance_metrics, ttt_loss
-from test_training import (  # noqa: F401
-    data_dir, recipe_for, run_cli, smol_tokenizer, tiny_target_dir, ttt_case, write_recipe,
-)
+from test_training import ttt_case
+from training_helpers import recipe_for, run_cli, write_recipe
 
 
 def test_acceptance_and_each_loss_on_a_hand_computed_example():

@@ -11,7 +11,7 @@ import pytest
 from eagle3_hub.training.data import PRESETS
 from eagle3_hub.training.recipe import load_recipe, load_stages
 from eagle3_hub.training.train import check_recipe
-from test_training import data_dir, recipe_for, run_cli, smol_tokenizer, tiny_target_dir, write_recipe  # noqa: F401
+from training_helpers import recipe_for, run_cli, write_recipe
 
 ROOT = Path(__file__).parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -10,12 +10,11 @@ import os
 import subprocess
 import sys
 import threading
-from pathlib import Path
 
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny_models import ARCHITECTURES, make_tiny_target
+from tiny_models import make_tiny_target
 from transformers import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -95,9 +94,8 @@ def plain_greedy(target, ids, max_new_tokens, eos=None, **kwargs):
 
 
 # ------------------------------------------------------------------------------------------- greedy
-@pytest.mark.parametrize("arch", ARCHITECTURES)
-def test_greedy_equals_plain_generate(arch):
-    target = make_tiny_target(arch)
+def test_greedy_equals_plain_generate(tiny_target):
+    target = tiny_target
     draft = copy_draft(target)
     ids = prompt(seed=1)
     ref = plain_greedy(target, ids, 96)
@@ -122,10 +120,7 @@ def test_greedy_tree_shapes(tree):
     assert torch.equal(out.sequences, ref)
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-
-
-@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
 def test_fixed_shape_draft_levels_build_the_same_trees(arch, device, monkeypatch):
     """``draft_graph=True`` (tree levels over a fixed-shape scratch cache and the context's validity over the
@@ -816,18 +811,7 @@ def test_custom_generate_runs_without_the_package(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------- streaming, stop strings
-@pytest.fixture(scope="module")
-def smollm2():
-    from eagle3_hub.targets import load_target
-
-    return load_target(dtype=torch.float32)
-
-
-@pytest.fixture(scope="module")
-def tokenizer(smollm2):
-    return smollm2[1]
-
-
+# tiny targets with SmolLM2's tokenizer (smollm2_tokenizer, conftest.py): real text, no real weights
 def _tiny_with_vocab(tokenizer, arch="llama"):
     return make_tiny_target(
         arch,
@@ -838,7 +822,8 @@ def _tiny_with_vocab(tokenizer, arch="llama"):
     )
 
 
-def test_text_iterator_streamer_ends_cleanly(tokenizer):
+def test_text_iterator_streamer_ends_cleanly(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
     target = _tiny_with_vocab(tokenizer)
     draft = copy_draft(target)
     ids = tokenizer("The quick brown fox", return_tensors="pt")["input_ids"]
@@ -889,7 +874,8 @@ def test_streamer_gets_prompt_then_blocks_and_one_end_also_on_error():
     assert streamer.ends == 1
 
 
-def test_stop_strings_match_plain_generate(tokenizer):
+def test_stop_strings_match_plain_generate(smollm2_tokenizer):
+    tokenizer = smollm2_tokenizer
     target = _tiny_with_vocab(tokenizer, "qwen2")
     draft = copy_draft(target)
     ids = tokenizer("Once upon a time", return_tensors="pt")["input_ids"]
@@ -1007,7 +993,7 @@ def test_a_bfloat16_cpu_target_gets_the_bfloat16_tree():
     assert out.sequences.shape == (1, 12)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
 def test_cuda_greedy_batch_and_sampling(arch):
     """On CUDA: float32 greedy equals plain greedy (batch 1 and a left-padded batch, row by row); bfloat16
@@ -1081,7 +1067,28 @@ def test_smollm2_greedy_lossless_long(smollm2):
     assert out.stats.mean_acceptance_length > 1.0
 
 
-def test_cli_generate(tmp_path, tokenizer, capsys):
+def test_smollm2_reference_draft_is_lossless_and_accepts(smollm2, smollm2_reference_draft):
+    """The draft shipped for the embedded target, with the device's default tree: token for token plain greedy
+    in float32, and more than one token per target forward."""
+    target, tokenizer = smollm2
+    chat = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "List five fruits that are rich in vitamin C."}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
+    ids = chat["input_ids"]
+    ref = target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False, eos_token_id=[],
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    out = generate(target, smollm2_reference_draft, ids, max_new_tokens=48, eos_token_id=[])
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.mean_acceptance_length > 1.0
+
+
+def test_cli_generate(tmp_path, smollm2_tokenizer, capsys):
+    tokenizer = smollm2_tokenizer
     import argparse
 
     from eagle3_hub.commands import generate as cli
