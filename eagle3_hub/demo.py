@@ -164,7 +164,8 @@ def load_pair(pair: ModelPair) -> LoadedPair:
     """Load target and draft, bind them, and run one short warm-up race (so that first-call costs do not
     count against either pane)."""
     from .modeling_eagle3 import Eagle3DraftModel
-    from .targets import check_draft_fits_target, load_target
+    from .generation.tree import check_draft_fits_target
+    from .targets import load_target
 
     draft_path = resolve_draft(pair)
     try:

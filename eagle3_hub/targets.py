@@ -342,30 +342,3 @@ def draft_config_from_target(
         kwargs["hidden_act"] = "silu"  # the draft is a Llama layer: SiLU-gated MLP
     kwargs.update(overrides)
     return Eagle3Config(**kwargs)
-
-
-def check_draft_fits_target(draft, target):
-    """Raise a clear error when ``draft`` was not made for ``target``: the draft's own ``check_fits`` where the
-    model class has it (one rule for every caller)."""
-    check_fits = getattr(draft, "check_fits", None)
-    if callable(check_fits):
-        check_fits(target)
-        return
-    cfg = target.config.get_text_config()
-    dc = draft.config
-    problems = []
-    if cfg.hidden_size != dc.target_hidden_size:
-        problems.append(f"the draft reads features of width {dc.target_hidden_size}, the target's hidden size is {cfg.hidden_size}")
-    if cfg.vocab_size != dc.vocab_size:
-        problems.append(f"the draft maps to a vocabulary of {dc.vocab_size} tokens, the target has {cfg.vocab_size}")
-    L = cfg.num_hidden_layers
-    ids = dc.aux_layer_ids or []
-    if len(ids) != 3 or any(not 0 <= i < L for i in ids):
-        problems.append(f"aux layers {ids} do not exist in a target with {L} decoder layers")
-    elif dc.target_num_hidden_layers not in (None, L):
-        problems.append(f"the draft was sized for a target with {dc.target_num_hidden_layers} layers, this one has {L}")
-    if problems:
-        raise ValueError(
-            "This draft does not fit the target: " + "; ".join(problems) + ". Use a draft trained for this "
-            "target (or train one: `eagle3-hub train --target ...`)."
-        )

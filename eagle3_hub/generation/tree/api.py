@@ -262,8 +262,11 @@ def _check_prompt(target, input_ids, attention_mask, max_new_tokens, streamer):
 
 
 def check_draft_fits_target(draft, target):
-    """Raise a clear ``ValueError`` when ``draft`` was not made for ``target``: the fit rule for drafts whose class
-    has no ``check_fits`` (the package's ``Eagle3DraftModel.check_fits`` is the rule; this mirrors it)."""
+    """Raise a clear ``ValueError`` when ``draft`` was not made for ``target``: the draft's own ``check_fits`` (the
+    rule, in modeling_eagle3.py), or for a draft whose modeling code predates it, the same checks made here."""
+    if callable(getattr(draft, "check_fits", None)):
+        draft.check_fits(target)
+        return
     cfg = target.config.get_text_config()
     dc = draft.config
     problems = []
@@ -298,10 +301,7 @@ def _prepare_draft(draft, target, trust_remote_code: bool | None = False):
         draft = load_draft(str(draft), target, trust_remote_code=trust_remote_code)
     if not hasattr(draft, "d2t") or not hasattr(draft.config, "aux_layer_ids"):
         raise ValueError(f"`draft` must be an EAGLE-3 draft (Eagle3DraftModel), got {type(draft).__name__}")
-    if callable(getattr(draft, "check_fits", None)):
-        draft.check_fits(target)
-    else:  # a draft whose modeling code predates check_fits
-        check_draft_fits_target(draft, target)
+    check_draft_fits_target(draft, target)
     t_dev = target.get_input_embeddings().weight.device
     d_dev = draft.lm_head.weight.device
     if t_dev != d_dev:
