@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -21,6 +20,8 @@ from datasets import load_from_disk
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
+
+from ..atomic import atomic_path, atomic_write_json
 
 
 @torch.no_grad()
@@ -156,7 +157,7 @@ class OfflineFeatures:
             raise OSError(f"The feature cache needs ~{(need - have) / 2**30:.1f} GiB more but {self.dir} has "
                           f"{free / 2**30:.1f} GiB free: free space, set features.cache_dir elsewhere, or use features.mode: online.")
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "index.json").write_text(json.dumps(meta))
+        atomic_write_json(self.dir / "index.json", meta)  # a kill mid-write must not leave an index that parses wrong
         device = self.target.device
         reusable = self._reusable(meta) if self.reuse_from else {}
         reused = 0
@@ -196,9 +197,8 @@ class OfflineFeatures:
                     for r, (index, n) in enumerate(zip(batch["index"], lengths)):
                         tensors[f"aux.{index}"] = aux[r, :n].contiguous()
                         tensors[f"last.{index}"] = last[r, :n].contiguous()
-                tmp = path.with_suffix(".tmp")
-                save_file(tensors, str(tmp))
-                os.replace(tmp, path)
+                with atomic_path(path) as tmp:
+                    save_file(tensors, str(tmp))
                 free = shutil.disk_usage(self.dir).free
                 if free < 2**30:
                     raise OSError(f"Less than 1 GiB left on the disk of {self.dir}: stopping the feature cache "
