@@ -27,10 +27,10 @@ from tiny_models import make_tiny_target
 AUX = [0, 1, 2]  # 4-layer tiny targets: layer outputs 0..2 (engines cannot capture the last layer's output)
 
 
-def randomized_draft(target, aux_layer_ids=AUX, draft_vocab_size=200, seed=0) -> Eagle3DraftModel:
-    """A draft for ``target`` whose every weight is random (norms included) and whose vocabulary map is a
-    random subset, so that any swapped or dropped tensor changes the logits."""
-    draft = Eagle3DraftModel.from_target(target, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size)
+def randomized_draft(target, aux_layer_ids=AUX, draft_vocab_size=200, seed=0, **variant) -> Eagle3DraftModel:
+    """A draft for ``target`` (with the given variant keys, e.g. ``fc_norm=True``) whose every weight is random (norms
+    included) and whose vocabulary map is a random subset, so that any swapped or dropped tensor changes the logits."""
+    draft = Eagle3DraftModel.from_target(target, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size, **variant)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in draft.named_parameters():

@@ -13,21 +13,8 @@ from safetensors.torch import load_file, save_file
 from eagle3_hub import Eagle3DraftModel, generate
 from eagle3_hub import formats
 from engine_spec import sglang_problems, vllm_problems
-from test_formats import AUX, convert_cli, inputs_for, write_foreign
+from test_formats import AUX, convert_cli, inputs_for, randomized_draft, write_foreign
 from tiny_models import make_tiny_target
-
-
-def randomized_variant(target, seed=0, draft_vocab_size=200, aux_layer_ids=AUX, **variant) -> Eagle3DraftModel:
-    """A draft of ``target`` with the given variant keys and every weight random (norms included)."""
-    draft = Eagle3DraftModel.from_target(target, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size, **variant)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in draft.named_parameters():
-            if name != "embed_tokens.weight":
-                p.copy_(torch.randn(p.shape, generator=g) * 0.2 + (1.0 if p.ndim == 1 else 0.0))
-    vocab = draft.config.vocab_size
-    draft.set_vocab_mapping(torch.randperm(vocab, generator=g)[:draft_vocab_size].sort().values)
-    return draft.eval()
 
 
 @torch.no_grad()
@@ -45,7 +32,7 @@ def target():
 
 @pytest.fixture(scope="module")
 def draft31(target):
-    return randomized_variant(target, fc_norm=True, norm_output=True)
+    return randomized_draft(target, fc_norm=True, norm_output=True)
 
 
 def test_eagle31_forward_is_what_vllm_and_sglang_compute(draft31):
@@ -68,7 +55,7 @@ def test_eagle31_forward_is_what_vllm_and_sglang_compute(draft31):
 
 
 def test_norm_before_fc_is_one_norm_over_the_concatenated_features(target):
-    draft = randomized_variant(target, norm_before_fc=True, seed=2)
+    draft = randomized_draft(target, norm_before_fc=True, seed=2)
     _, feats = inputs_for(draft)
     assert tuple(draft.input_norm.weight.shape) == (192,) and draft.fc_norm is None
     with torch.no_grad():
@@ -104,7 +91,7 @@ def test_eagle31_convert_round_trip_through_every_layout(draft31, tmp_path):
 
 def test_sglang_legacy_aux_norm_names_load(target, tmp_path):
     """SGLang reads `use_aux_norm` and tensors `aux_norm_{low,mid,high}` as fc_norm."""
-    draft = randomized_variant(target, fc_norm=True, seed=4)
+    draft = randomized_draft(target, fc_norm=True, seed=4)
     folder = write_foreign(draft, tmp_path / "legacy", "specforge", with_embedding=True)
     state = load_file(str(folder / "model.safetensors"))
     for i, name in enumerate(("low", "mid", "high")):
@@ -135,7 +122,7 @@ def test_speculators_eagle31_folder_loads(draft31, tmp_path):
 
 def test_eagle31_draft_decodes_losslessly(target, draft31):
     """Tree decoding and transformers' assisted generation run the model's forward: float32 output equals greedy."""
-    draft = randomized_variant(target, fc_norm=True, norm_output=True, seed=6).bind(target)
+    draft = randomized_draft(target, fc_norm=True, norm_output=True, seed=6).bind(target)
     ids = torch.randint(3, 256, (1, 8), generator=torch.Generator().manual_seed(5))
     greedy = target.generate(ids, do_sample=False, max_new_tokens=24)
     assisted = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=24)

@@ -16,7 +16,7 @@ import types
 
 import pytest
 import torch
-from tiny_models import make_tiny_target
+from tiny_models import left_padded, make_tiny_target
 
 from eagle3_hub import Eagle3DraftModel, generate
 from eagle3_hub.targets import NAMED_TARGETS, REFERENCE_DRAFT_ROOT, default_draft, reference_draft, resolve_target
@@ -27,16 +27,6 @@ needs_gemma = pytest.mark.skipif(not HAVE_GEMMA, reason=f"gemma-3-270m's package
 
 # a sliding layer, a full one, then two more sliding ones: the "mixed" masks (a dict per layer kind)
 MIXED_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"]
-
-
-def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """1D prompts -> (ids, attention_mask), left-padded with 0 to the longest."""
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), L, dtype=torch.long)
-    mask = torch.zeros(len(prompts), L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
-    return ids, mask
 
 
 def plain(target, ids, mask, max_new_tokens):

@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny_models import make_tiny_target
+from tiny_models import left_padded, make_tiny_target
 from transformers import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -69,16 +69,6 @@ def random_draft(target, seed=0, **kwargs) -> Eagle3DraftModel:
 
 def prompt(n=12, seed=0, vocab=256):
     return torch.randint(3, vocab, (1, n), generator=torch.Generator().manual_seed(seed))
-
-
-def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """1D prompts -> (ids, attention_mask), left-padded with 0 to the longest."""
-    L = max(len(p) for p in prompts)
-    ids = torch.zeros(len(prompts), L, dtype=torch.long)
-    mask = torch.zeros(len(prompts), L, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
-    return ids, mask
 
 
 def plain_greedy(target, ids, max_new_tokens, eos=None, **kwargs):

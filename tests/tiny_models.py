@@ -38,3 +38,13 @@ def make_tiny_target(arch: str = "llama", seed: int = 0, dtype=torch.float32, **
     model.generation_config.pad_token_id = 0
     model.generation_config.eos_token_id = 2
     return model.eval().requires_grad_(False)
+
+
+def left_padded(prompts: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """1D prompts -> (ids, attention_mask), left-padded with 0 to the longest."""
+    L = max(len(p) for p in prompts)
+    ids = torch.zeros(len(prompts), L, dtype=torch.long)
+    mask = torch.zeros(len(prompts), L, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
+    return ids, mask
