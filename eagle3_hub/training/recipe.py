@@ -10,7 +10,9 @@ from pathlib import Path
 import yaml
 
 DEFAULTS: dict = {
-    "target": {"name": None, "gguf_file": None, "adapter": None, "dtype": "bfloat16"},
+    # chat_template: a Jinja template given to the target's tokenizer, for a base model that has none (samples are
+    # rendered through it, and the loss mask takes the tokens after what it writes before the answer)
+    "target": {"name": None, "gguf_file": None, "adapter": None, "dtype": "bfloat16", "chat_template": None},
     "draft": {
         "draft_vocab_size": 8192,
         "aux_layer_ids": None,

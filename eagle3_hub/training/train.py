@@ -378,9 +378,12 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
     tg = recipe["target"]
     target, tokenizer = load_target(tg["name"], dtype=tg["dtype"], device=accelerator.device,
                                     gguf_file=tg["gguf_file"], adapter=tg["adapter"])
+    if tg["chat_template"]:
+        tokenizer.chat_template = tg["chat_template"]
     if not tokenizer.chat_template:
         raise DataError(f"The tokenizer of {tg['name'] or 'the target'} has no chat template: the loss mask needs one. "
-                        "Use a chat (instruct) model, or add a chat_template to its tokenizer_config.json.")
+                        "Set target.chat_template in the recipe (a base model: e.g. the prompt, a blank line, the "
+                        "continuation; see recipes/gemma-3-270m.yaml), or use a chat (instruct) model.")
     L = num_decoder_layers(target)
     if d["aux_layer_ids"] is not None:
         check_aux_layer_ids(d["aux_layer_ids"], L)
