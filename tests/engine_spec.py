@@ -1,7 +1,10 @@
 """What vLLM and SGLang require of an EAGLE-3 draft folder, as checks over its config.json and safetensors headers.
 
 Written from the engines' loaders, re-read in the vLLM 0.33.0 and SGLang 0.5.23 wheels (read, not copied; paths as
-in their repositories). tests/test_engines_*.py run the engines' own code where it imports on a CPU.
+in their repositories). tests/test_engines_loaders.py runs the engines' own code where it runs on a CPU (in the
+venv of tests/engines/setup_venv.sh): vLLM's config parsing (V1, V2) and Eagle3LlamaForCausalLM.load_weights
+(V4), SGLang's config loading; the rest (method detection, aux layers in the model runner, SGLang's weight
+loading) stays checked here only.
 
 vLLM (vllm-project/vllm)
   V1 vllm/transformers_utils/config.py, HFConfigParser.parse: a config.json with no ``model_type`` but a
