@@ -16,6 +16,7 @@ import types
 
 import pytest
 import torch
+from test_tree_decoding import copy_draft
 from tiny_models import left_padded, make_tiny_target
 
 from eagle3_hub import Eagle3DraftModel, generate
@@ -40,20 +41,10 @@ def configure_assistant(draft, num_tokens=4):
     draft.generation_config.assistant_confidence_threshold = 0.0
 
 
-def copy_draft(target) -> Eagle3DraftModel:
-    """A draft that proposes the target's own last prediction again (fc passes the final normed hidden state, the
-    decoder layer adds nothing, lm_head is the target's): on a random target's repetitive text it is accepted
-    often, so accepted paths (and, in a batch, holes) cross the window too."""
+def gemma_copy_draft(target) -> Eagle3DraftModel:
+    """The copy draft (``test_tree_decoding.copy_draft``) reading the last layer, so its guesses follow the target."""
     L = target.config.num_hidden_layers
-    draft = Eagle3DraftModel.from_target(target, aux_layer_ids=[0, 1, L - 1])
-    H = target.config.hidden_size
-    with torch.no_grad():
-        draft.fc.weight.zero_()
-        draft.fc.weight[:, 2 * H :] = torch.eye(H)
-        draft.midlayer.self_attn.o_proj.weight.zero_()
-        draft.midlayer.mlp.down_proj.weight.zero_()
-        draft.lm_head.weight.copy_(target.get_output_embeddings().weight)
-    return draft.eval()
+    return copy_draft(target, aux_layer_ids=[0, 1, L - 1])
 
 
 # ------------------------------------------------------------------------------------ the named target
@@ -120,7 +111,7 @@ def test_tiny_sliding_window_target_lossless_past_the_window():
     wide = make_tiny_target("gemma3_text", sliding_window=10**6, layer_types=MIXED_LAYERS)
     assert not torch.equal(plain(wide, ids, mask, 40), ref)
 
-    draft = copy_draft(target)
+    draft = gemma_copy_draft(target)
     tree = {"depth": 5, "tree_top_k": 4, "total_tokens": 16, "min_node_prob": 0.0}
     out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=40, eos_token_id=[], **tree)
     assert torch.equal(out.sequences, ref)
