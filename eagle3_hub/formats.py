@@ -63,6 +63,8 @@ LAYOUTS = ("ours", "eagle", "specforge", "speculators")
 EXPORTS = ("ours", "vllm", "sglang")
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 VARIANT_FLAGS = ("norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+# expert counts of transformers' MoE configs (qwen3_moe, gpt_oss / mixtral, deepseek)
+MOE_KEYS = ("num_experts", "num_local_experts", "n_routed_experts")
 AUX_OVERRIDE_HINT = "pass aux_layer_convention='input' or 'output' (--aux-layer-convention) or aux_layer_ids="
 
 
@@ -356,6 +358,16 @@ def _check_structure(config: dict, source: str):
         raise ValueError(
             f"{source} has {config['num_hidden_layers']} draft decoder layers; Eagle3DraftModel implements the "
             "single-layer EAGLE-3 draft."
+        )
+    # SpecForge's MoE drafts (e.g. Qwen3MoEForCausalLMEagle3) keep the Llama config keys: without this they would be
+    # read as a dense layer and fail later on a list of unexpected expert tensors
+    experts = {k: config[k] for k in MOE_KEYS if isinstance(config.get(k), int) and config[k] > 0}
+    if experts:
+        key, n = next(iter(experts.items()))
+        raise ValueError(
+            f"{source} is a mixture-of-experts draft ({key}={n}, architectures={config.get('architectures')}); "
+            "Eagle3DraftModel implements the dense Llama draft layer of EAGLE-3: serve this draft with the engine it "
+            "was trained for (SGLang), or train a dense draft."
         )
 
 

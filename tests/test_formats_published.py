@@ -21,17 +21,22 @@ SCALE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, 
          "draft_vocab_size": 128}
 
 
-def scaled_folder(name: str, tmp_path: Path) -> tuple[Path, dict]:
-    """The published config scaled down, with a safetensors file of the names and shapes its layout uses."""
+def scaled_folder(name: str, tmp_path: Path, tensors_for: dict | None = None) -> tuple[Path, dict]:
+    """The published config scaled down, with a safetensors file of the names and shapes its layout uses
+    (``tensors_for``: take them from this config instead, for drafts the loader refuses)."""
     config = json.loads((FIXTURES / name / "config.json").read_text())
-    published = dict(config)
-    config.update(SCALE)
-    config["num_key_value_heads"] = min(config.get("num_key_value_heads") or 4, 4)
-    config["max_position_embeddings"] = min(config["max_position_embeddings"], 4096)
+    published = json.loads(json.dumps(config))
+    layer = config.get("transformer_layer_config") or config  # speculators nest the draft layer
+    layer.update({k: v for k, v in SCALE.items() if k != "draft_vocab_size"})
+    config["draft_vocab_size"] = SCALE["draft_vocab_size"]
+    layer["num_key_value_heads"] = min(layer.get("num_key_value_heads") or 4, 4)
+    layer["max_position_embeddings"] = min(layer["max_position_embeddings"], 4096)
     folder = tmp_path / name
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config, indent=2))
-    our = formats.config_from_layout(config, formats.detect_layout(config), source=name)
+    source = tensors_for or config
+    layout = formats.detect_layout(source)
+    our = formats.config_from_layout(source, layout, source=name)
     g = torch.Generator().manual_seed(0)
     state = {}
     for key, shape in formats.expected_tensors(Eagle3DraftModel, our).items():
@@ -45,6 +50,8 @@ def scaled_folder(name: str, tmp_path: Path) -> tuple[Path, dict]:
             state[key][(state["d2t"] + torch.arange(our.draft_vocab_size))] = True
         else:
             state[key] = torch.randn(shape, generator=g).to(torch.bfloat16)
+    if layout == "speculators":
+        state = {k.replace("midlayer.", "layers.0.", 1): v for k, v in state.items()}
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder, published
 
@@ -111,3 +118,67 @@ def test_published_folder_without_weights_is_refused(tmp_path):
     shutil.copytree(FIXTURES / "specforge-qwen3-0.6b-eagle3", folder)
     with pytest.raises(FileNotFoundError, match="has no weights"):
         Eagle3DraftModel.from_pretrained(folder)
+
+
+def test_yuhuili_eagle3_llama31_8b(tmp_path):
+    """EAGLE's own layout: LlamaForCausalLM, no rope_theta (EAGLE's draft hard-codes base 10000), no aux ids."""
+    folder, published = scaled_folder("eagle-llama3.1-instruct-8b", tmp_path)
+    assert published["architectures"] == ["LlamaForCausalLM"] and "rope_theta" not in published
+    assert formats.detect_layout(published) == "eagle"
+    draft = Eagle3DraftModel.from_pretrained(folder, target=_meta_llama(32))
+    assert draft.config.aux_layer_ids == [1, 15, 28]  # the engines' default for 32 layers, as vLLM serves it
+    assert draft.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+    assert draft.config.draft_vocab_size == 128 and draft.config.pad_token_id == 0
+    assert draft._embedding_missing and not any(getattr(draft.config, f) for f in formats.VARIANT_FLAGS)
+    target_ids = draft.d2t + torch.arange(128)
+    assert torch.equal(draft.t2d.nonzero().flatten(), target_ids)
+
+
+def test_specforge_llama3_70b_llama3_rope(tmp_path):
+    """Llama-3 rope scaling (factor 8, original 4096 positions) and a list of eos ids reach the draft."""
+    folder, published = scaled_folder("specforge-llama3-70b-eagle3", tmp_path)
+    draft = Eagle3DraftModel.from_pretrained(folder, target=None, aux_layer_ids=[1, 39, 76])
+    rope = draft.config.rope_parameters
+    assert rope["rope_type"] == "llama3" and rope["rope_theta"] == 500000.0
+    assert (rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]) == (8.0, 1.0, 4.0)
+    assert rope["original_max_position_embeddings"] == 4096
+    assert draft.config.eos_token_id == published["eos_token_id"] == [128001, 128008, 128009]
+    out = formats.export_draft(draft, tmp_path / "sglang", to="sglang")
+    written = json.loads((out / "config.json").read_text())["rope_scaling"]
+    assert written["rope_type"] == written["type"] == "llama3" and written["factor"] == 8.0
+
+
+def test_speculators_converted_yuhuili(tmp_path, caplog):
+    """nm-testing's speculators conversion of yuhuili's draft: layers.0.* tensors, norm_before_residual stated
+    false (no ambiguity warning), no aux ids, rope_theta 10000 kept from the original."""
+    folder, published = scaled_folder("speculators-llama3.1-8b-eagle3-converted", tmp_path)
+    assert published["norm_before_residual"] is False and "eagle_aux_hidden_state_layer_ids" not in published
+    with caplog.at_level(logging.WARNING, logger="eagle3_hub.formats"):
+        draft = Eagle3DraftModel.from_pretrained(folder, target=_meta_llama(32))
+    assert "norm_before_residual" not in caplog.text
+    assert not draft.config.norm_before_residual and draft.config.aux_layer_ids == [1, 15, 28]
+    assert draft.config.rope_parameters == {"rope_type": "default", "rope_theta": 10000.0}
+    assert draft.config.target_hidden_size == 64 and draft.config.draft_vocab_size == 128
+    assert draft._embedding_missing
+
+
+def test_angelslim_qwen3_8b(tmp_path):
+    """AngelSlim spells the architecture Eagle3LlamaForCausalLM (vLLM's class name): read as the SpecForge layout."""
+    folder, published = scaled_folder("angelslim-qwen3-8b-eagle3", tmp_path)
+    assert formats.detect_layout(published) == "specforge"
+    draft = Eagle3DraftModel.from_pretrained(folder, target=_meta_llama(36))
+    assert draft.config.aux_layer_ids == [1, 17, 32]
+    assert draft.config.rope_parameters["rope_theta"] == 1000000 and draft.config.head_dim == 16
+    assert not any(getattr(draft.config, f) for f in formats.VARIANT_FLAGS)
+    assert (draft.config.bos_token_id, draft.config.eos_token_id) == (151643, 151645)
+
+
+def test_specforge_moe_draft_is_refused(tmp_path):
+    """SpecForge's Qwen3-MoE draft keeps the Llama keys; it must be refused, not loaded as a dense layer."""
+    published = json.loads((FIXTURES / "specforge-qwen3-30b-a3b-eagle3-moe-draft" / "config.json").read_text())
+    dense = {k: v for k, v in published.items() if k not in formats.MOE_KEYS}
+    dense.update(SCALE, num_key_value_heads=4)
+    folder, _ = scaled_folder("specforge-qwen3-30b-a3b-eagle3-moe-draft", tmp_path, tensors_for=dense)
+    with pytest.raises(ValueError, match=r"mixture-of-experts draft \(num_experts=128") as e:
+        Eagle3DraftModel.from_pretrained(folder, target=None, aux_layer_ids=[1, 23, 44])
+    assert "\n" not in str(e.value) and "Qwen3MoEForCausalLMEagle3" in str(e.value)
