@@ -8,7 +8,8 @@ Layouts read by ``Eagle3DraftModel.from_pretrained`` (all to the same model, the
     eagle        official EAGLE-3 releases (SafeAILab): ``model_type: llama``, ``architectures: [LlamaForCausalLM]``,
                  ``draft_vocab_size``; same tensor names, usually no ``embed_tokens`` (the target's is used).
     specforge    SpecForge / SGLang / ModelOpt: ``model_type: llama``, ``architectures: [LlamaForCausalLMEagle3]``,
-                 optional ``target_hidden_size`` and ``eagle_config``; same tensor names.
+                 optional ``target_hidden_size`` and ``eagle_config``; same tensor names (ModelOpt: ``layers.0.*``,
+                 and ``d2t`` without ``t2d``, which is rebuilt from ``d2t``).
     speculators  vllm-project/speculators: no ``model_type``; ``speculators_model_type: eagle3``,
                  ``speculators_config``, ``transformer_layer_config``; tensors ``layers.0.*`` instead of ``midlayer.*``.
 
@@ -351,7 +352,33 @@ def variant_flags(config: dict, layout: str, source: str = "this checkpoint") ->
     return flags
 
 
+def _multimodal_rope(config: dict) -> dict | None:
+    """The rope dict of a multimodal-rope (mrope) config, else None."""
+    for key in ("rope_scaling", "rope_parameters"):
+        rope = config.get(key)
+        if isinstance(rope, dict) and isinstance(rope.get("full_attention"), dict):
+            rope = rope["full_attention"]
+        if not isinstance(rope, dict):
+            continue
+        if "mrope_section" in rope or rope.get("mrope_interleaved") or "mrope" in (rope.get("rope_type"), rope.get("type")):
+            return rope
+    return {} if config.get("use_mrope") else None
+
+
 def _check_structure(config: dict, source: str):
+    # before the tie check: vision-language drafts (AngelSlim's *-vl-*-mrope configs) copy the target's
+    # tie_word_embeddings, which cannot hold for a reduced draft vocabulary and is not why they cannot load
+    mrope = _multimodal_rope(config)
+    if mrope is not None:
+        what = "mrope:" + (f" mrope_section={mrope['mrope_section']}" if "mrope_section" in mrope else "")
+        what += " interleaved" if mrope.get("mrope_interleaved") else ""
+        what += f", target {config['target_model_type']}" if config.get("target_model_type") else ""
+        raise ValueError(
+            f"{source} uses multimodal rope ({what}): it rotates queries and keys by the (temporal, height, width) "
+            "positions a vision-language target gives image and video tokens, and Eagle3DraftModel implements the 1-D "
+            "rope of text targets. Serve it with the stack it was trained with (e.g. AngelSlim for its Qwen-VL drafts), "
+            "or train a text-only draft (rope without mrope_section)."
+        )
     if config.get("tie_word_embeddings"):
         raise ValueError(f"{source} ties lm_head to embed_tokens; an EAGLE-3 draft has its own lm_head over the draft vocabulary.")
     if int(config.get("num_hidden_layers", 1)) != 1:
@@ -501,6 +528,10 @@ def check_tensors(cls, config: Eagle3Config, shapes: dict, layout: str, source: 
     optional = {"embed_tokens.weight"}
     if config.draft_vocab_size == config.vocab_size:
         optional |= {"d2t", "t2d"}  # full vocabulary: identity map
+    if layout != "ours" and "d2t" in present:
+        # ModelOpt's exporter writes d2t but never t2d (vLLM and SGLang read d2t only): load_foreign_draft rebuilds
+        # t2d from d2t. Our own folders always write both, so a missing t2d there stays an error.
+        optional.add("t2d")
     missing = sorted(set(expected) - set(present) - optional)
     unexpected = sorted(set(present) - set(expected))
     if "t2d" in present and "d2t" not in present:
@@ -587,6 +618,10 @@ def load_foreign_draft(
     # check_tensors allowed these to be absent: no embedding (the target's), no maps (full vocabulary, identity)
     allowed = {"embed_tokens.weight", "d2t", "t2d"}
     model._check_loading_info({**info, "missing_keys": [k for k in info["missing_keys"] if k not in allowed]})
+    if "d2t" in shapes and "t2d" not in shapes:
+        # d2t without t2d (ModelOpt exports; see check_tensors): t2d marks the target ids the draft ids map to,
+        # target id = i + d2t[i]; the init's default would be the first draft_vocab_size target ids instead
+        model.set_vocab_mapping(model.d2t + torch.arange(model.d2t.numel(), device=model.d2t.device))
     model._embedding_missing = not has_embedding
     model._weight_conversions = None  # save in our layout, not back in the one it was loaded from
     model.config.architectures = ["Eagle3DraftModel"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 from pathlib import Path
 
@@ -182,3 +183,88 @@ def test_specforge_moe_draft_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"mixture-of-experts draft \(num_experts=128") as e:
         Eagle3DraftModel.from_pretrained(folder, target=None, aux_layer_ids=[1, 23, 44])
     assert "\n" not in str(e.value) and "Qwen3MoEForCausalLMEagle3" in str(e.value)
+
+
+def _modelopt_folder(tmp_path: Path, with_t2d: bool = False) -> tuple[Path, dict]:
+    """The ModelOpt export fixture scaled down, with the tensors ModelOpt's EagleExporter writes: ``layers.0.*``
+    names, ``d2t`` and no ``t2d`` (``with_t2d``: the same folder with a ``t2d`` added, as other layouts ship it)."""
+    from safetensors.torch import load_file
+
+    folder, published = scaled_folder("modelopt-llama3.1-8b-eagle3-export", tmp_path)
+    state = load_file(str(folder / "model.safetensors"))
+    if not with_t2d:
+        del state["t2d"]
+    state = {k.replace("midlayer.", "layers.0.", 1): v for k, v in state.items()}
+    save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder, published
+
+
+def test_modelopt_export_d2t_without_t2d(tmp_path, caplog):
+    """ModelOpt writes d2t but never t2d: a reduced-vocabulary export loads, t2d rebuilt from d2t; the aux ids
+    (forward hooks on layer outputs) and the yarn rope_scaling its exporter injects are read as written."""
+    from safetensors import safe_open
+
+    folder, published = _modelopt_folder(tmp_path)
+    assert published["rope_scaling"] == {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 2048}
+    assert published["rope_theta"] == 10000 and published["eagle_config"]["use_last_layernorm"] is True
+    with safe_open(str(folder / "model.safetensors"), framework="pt") as f:
+        names = set(f.keys())
+        d2t = f.get_tensor("d2t")
+    assert "d2t" in names and "t2d" not in names and "layers.0.hidden_norm.weight" in names
+    assert formats.detect_layout(published) == "specforge"
+    with caplog.at_level(logging.WARNING, logger="eagle3_hub.formats"):
+        draft = Eagle3DraftModel.from_pretrained(folder, target=_meta_llama(32))
+    assert "aux_layer_convention" not in caplog.text
+    assert draft.config.aux_layer_ids == [1, 15, 28]
+    assert draft.config.rope_parameters == {
+        "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 2048, "rope_theta": 10000,
+    }
+    assert draft.rotary_emb.attention_scaling == pytest.approx(0.1 * math.log(32.0) + 1.0)  # yarn applied
+    target_ids = d2t + torch.arange(128)
+    expected_t2d = torch.zeros(512, dtype=torch.bool)
+    expected_t2d[target_ids] = True
+    assert torch.equal(draft.d2t, d2t) and torch.equal(draft.t2d, expected_t2d)
+    assert torch.equal(draft.draft_to_target_ids(torch.arange(128)), target_ids)
+
+    # the same tensors with t2d shipped: the same model, and the file's t2d kept as loaded
+    (tmp_path / "both").mkdir()
+    both, _ = _modelopt_folder(tmp_path / "both", with_t2d=True)
+    with safe_open(str(both / "model.safetensors"), framework="pt") as f:
+        shipped_t2d = f.get_tensor("t2d")
+    reference = Eagle3DraftModel.from_pretrained(both, target=_meta_llama(32))
+    assert torch.equal(reference.t2d, shipped_t2d)
+    ours, theirs = draft.state_dict(), reference.state_dict()
+    assert ours.keys() == theirs.keys()
+    assert all(torch.equal(ours[k], theirs[k]) for k in ours if k != "embed_tokens.weight")
+
+    out = formats.export_draft(draft, tmp_path / "sglang", to="sglang")
+    written = json.loads((out / "config.json").read_text())["rope_scaling"]
+    assert written["rope_type"] == "yarn" and written["factor"] == 32.0
+    assert sglang_problems(out, num_target_layers=32) == [] and vllm_problems(out, num_target_layers=32) == []
+
+
+def test_ours_without_t2d_still_refused(tmp_path):
+    """Only foreign layouts may omit t2d: our folders always write it, so its absence there is damage."""
+    from safetensors.torch import load_file
+
+    folder, _ = _modelopt_folder(tmp_path)
+    draft = Eagle3DraftModel.from_pretrained(folder, target=_meta_llama(32))
+    draft.save_pretrained(tmp_path / "ours")
+    state = load_file(str(tmp_path / "ours" / "model.safetensors"))
+    del state["t2d"]
+    save_file(state, str(tmp_path / "ours" / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(ValueError, match=r"missing tensors: \['t2d'\]"):
+        Eagle3DraftModel.from_pretrained(tmp_path / "ours")
+
+
+def test_angelslim_vl_mrope_is_refused_for_mrope(tmp_path):
+    """AngelSlim's Qwen3-VL draft: multimodal rope (mrope_section, interleaved) is the reason it cannot load, not
+    the tie_word_embeddings it copies from the target (its lm_head covers the 32000-token draft vocabulary)."""
+    published = json.loads((FIXTURES / "angelslim-qwen3-vl-4b-eagle3-mrope" / "config.json").read_text())
+    assert published["tie_word_embeddings"] is True and published["rope_scaling"]["mrope_section"] == [24, 20, 20]
+    text_only = {k: v for k, v in published.items() if k not in ("tie_word_embeddings", "rope_scaling")}
+    text_only.update(SCALE, num_key_value_heads=4)
+    folder, _ = scaled_folder("angelslim-qwen3-vl-4b-eagle3-mrope", tmp_path, tensors_for=text_only)
+    with pytest.raises(ValueError, match=r"multimodal rope \(mrope: mrope_section=\[24, 20, 20\] interleaved") as e:
+        Eagle3DraftModel.from_pretrained(folder, target=None, aux_layer_ids=[1, 17, 32])
+    assert "\n" not in str(e.value) and "ties lm_head" not in str(e.value) and "qwen3_vl" in str(e.value)
