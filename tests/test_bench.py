@@ -448,8 +448,30 @@ def test_same_forward_greedy_equals_plain_greedy_in_float32(arch):
     torch.manual_seed(0)
     out, _ = same_forward_generate(target, ids, 8, do_sample=True, temperature=0.7, top_k=5, top_p=0.9)
     assert out.shape == (1, ids.shape[1] + 8)
-    with pytest.raises(ValueError, match="one row"):
-        same_forward_generate(target, ids.repeat(2, 1), 4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_same_forward_batch_equals_batched_generate_in_float32(arch):
+    """Left-padded rows of different lengths through the same forward: token for token ``generate``'s batched
+    greedy output, a row that meets its end token padded while the others go on."""
+    from tiny_models import left_padded
+
+    from eagle3_hub.benchmark.same_forward import same_forward_generate
+
+    target = make_tiny_target(arch)
+    g = torch.Generator().manual_seed(3)
+    ids, mask = left_padded([torch.randint(8, 250, (n,), generator=g) for n in (7, 19, 12)])
+    with torch.inference_mode():
+        ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=None,
+                              pad_token_id=0)
+    out, stats = same_forward_generate(target, ids, 20, attention_mask=mask)
+    assert out.tolist() == ref.tolist() and stats.target_forwards == 20
+    eos = int(ref[1, ids.shape[1] + 2])  # row 1 stops early; generate pads it, as must we
+    with torch.inference_mode():
+        ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos,
+                              pad_token_id=0)
+    out, _ = same_forward_generate(target, ids, 20, attention_mask=mask, eos_token_id=eos, pad_token_id=0)
+    assert out.tolist() == ref.tolist()
 
 
 def test_bench_reports_speedups_over_both_baselines(tiny, tmp_path):
@@ -465,3 +487,31 @@ def test_bench_reports_speedups_over_both_baselines(tiny, tmp_path):
     assert lookup["speedup_same_forward"] == pytest.approx(lookup["tokens_per_s"] / sf["tokens_per_s"])
     table = report.markdown_report(res)
     assert "| Speed-up | vs same forward |" in table and "what speculation alone buys" in table
+
+
+def test_batched_runs_compare_methods_at_the_same_batch_size(tiny, tmp_path):
+    """--batch-size 1,2: the batched methods also run left-padded pairs of questions (assisted decoding, which takes
+    one prompt, only alone); rows are per batch size, speed-ups against plain at the same size, and greedy batched
+    outputs are checked against plain's batched outputs."""
+    from eagle3_hub import Eagle3DraftModel
+
+    target, tok = tiny
+    draft = Eagle3DraftModel.from_target(target).eval()
+    draft.bind(target)
+    res = run_benchmark(target, tok, _suite(tmp_path, n=3, turns=2), methods=["plain", "same_forward", "assisted", "tree"],
+                        draft=draft, max_new_tokens=10, progress=False, warmup=1, batch_sizes=[1, 2])
+    rows = {(r["batch"], r["method"]): r for r in res["results"] if r["suite"] == "mt_bench"}
+    assert set(rows) == {(1, "plain"), (1, "same_forward"), (1, "assisted"), (1, "tree"),
+                         (2, "plain"), (2, "same_forward"), (2, "tree")}
+    for method in ("same_forward", "tree"):
+        r = rows[(2, method)]
+        assert r["turns"] == 6 and r["speedup"] == pytest.approx(r["tokens_per_s"] / rows[(2, "plain")]["tokens_per_s"])
+    assert rows[(2, "tree")]["mean_acceptance_length"] >= 1 and rows[(2, "same_forward")]["mean_acceptance_length"] == 1
+    assert res["lossless"]["tree"]["turns"] == 12 and res["lossless"]["tree"]["lossless"]  # 6 alone + 6 in pairs
+    assert res["lossless"]["same_forward"]["lossless"] and res["lossless"]["assisted"]["turns"] == 6
+    batched = [r for r in res["records"] if r["batch"] == 2 and r["method"] == "plain"]
+    assert len(batched) == 6 and {r["question_id"] for r in batched} == {100, 101, 102}
+    assert "| Batch |" in report.markdown_table(res)
+    with pytest.raises(ValueError, match="at least 1"):
+        run_benchmark(target, tok, _suite(tmp_path, n=1, turns=1), methods=["plain"], max_new_tokens=4,
+                      progress=False, batch_sizes=[0])

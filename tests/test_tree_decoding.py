@@ -669,6 +669,26 @@ def test_sampling_keeps_the_target_distribution(sampling, monkeypatch):
         assert p_value > 1e-3, (k, p_value)
 
 
+def test_sampling_computes_the_head_once_per_step_not_once_per_level(monkeypatch):
+    """With score-only processors the walk reads the logits and processed scores of every slot with children from
+    one head product and one processor call per step; only a walk that stops at a leaf needs that leaf's logits."""
+    target = make_tiny_target("llama", vocab_size=16)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)  # peaky: walks go deep
+    draft = copy_draft(target)
+    calls = []
+    real = verification.Verifier.lm_head
+    monkeypatch.setattr(verification.Verifier, "lm_head", lambda self, h: calls.append(h.shape) or real(self, h))
+    out = generate(target, draft, torch.tensor([[3, 7, 11, 5]]), max_new_tokens=40, do_sample=True, eos_token_id=[],
+                   temperature=0.7, top_p=0.9, generator=torch.Generator().manual_seed(0), depth=3, tree_top_k=2,
+                   total_tokens=4, min_node_prob=0.0)
+    st = out.stats
+    assert st.mean_acceptance_length > 1.2  # the walks did pass several levels
+    # a level-by-level walk: the prefill, the verification's last slot, and one per level visited (accepted + 1)
+    per_level = 1 + st.steps + (st.new_tokens - 1)
+    assert len(calls) <= 2 * st.steps + 1 < per_level  # the prefill, one per step, a leaf now and then
+
+
 # ------------------------------------------------------------------------------------------- transformers entry points
 def test_custom_generate_callable():
     target = make_tiny_target("qwen3")

@@ -43,6 +43,7 @@ from .suites import Suite
 METHOD_NAMES = ("plain", "same_forward", "lookup", "assisted", "tree", "assistant")
 SAME_FORWARD = "same_forward"  # the second baseline: plain decoding through tree decoding's forward
 DRAFT_METHODS = ("assisted", "tree")
+BATCHED_KINDS = ("plain", "same_forward", "tree")
 
 
 # ----------------------------------------------------------------------------------------- measuring
@@ -209,6 +210,11 @@ class Method:
     run: Callable
     tree_params: dict | None = None
 
+    @property
+    def batched(self) -> bool:
+        """Runs several left-padded prompts at once (transformers' assisted and prompt-lookup decoding take one)."""
+        return self.kind in BATCHED_KINDS
+
 
 @dataclass
 class BenchContext:
@@ -237,7 +243,7 @@ def build_methods(
 
             def run_same_forward(ids, mask, gc):
                 return same_forward_generate(
-                    target, ids, gc.max_new_tokens, do_sample=gc.do_sample,
+                    target, ids, gc.max_new_tokens, attention_mask=mask, pad_token_id=gc.pad_token_id, do_sample=gc.do_sample,
                     temperature=gc.temperature if gc.do_sample else 1.0, top_k=(gc.top_k or 0) if gc.do_sample else 0,
                     top_p=gc.top_p if gc.do_sample else 1.0, eos_token_id=gc.eos_token_id,
                 )
@@ -323,6 +329,7 @@ class TurnRecord:
     peak_memory_mb: float
     output_ids: list[int] = field(default_factory=list, repr=False)
     prompt_ids: list[int] = field(default_factory=list, repr=False)
+    batch: int = 1  # prompts run together; a batch's time goes to its rows in equal shares
 
     def to_json(self, with_outputs: bool = False) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("output_ids", "prompt_ids")}
@@ -368,8 +375,11 @@ class TurnRunner:
         self.draft_timer.close()
         self.starts.close()
 
-    def run(self, method: Method, input_ids, attention_mask, gc, meta: dict) -> TurnRecord:
-        prompt_len = input_ids.shape[1]
+    def run(self, method: Method, input_ids, attention_mask, gc, metas: list[dict], batch: int = 1) -> list[TurnRecord]:
+        """One method on b left-padded prompts (b = len(metas)): one record per row, labelled with the run's
+        ``batch`` size (a suite's last batch may hold fewer prompts). A batch's time, forwards and acceptance
+        histogram go to its rows as shares (time / b each; the counts on the first row)."""
+        b, prompt_len = input_ids.shape
         for hook in (self.verify_timer, self.draft_timer, self.starts):
             hook.reset()
             hook.active = method.kind not in SELF_TIMED  # these count and time their own steps
@@ -380,8 +390,7 @@ class TurnRunner:
             sequences, stats = method.run(input_ids, attention_mask, gc)
         _sync(self.device)
         elapsed = time.perf_counter() - t0
-        new_ids = sequences[0, prompt_len:].tolist()
-        new_ids = _strip_padding(new_ids, gc.pad_token_id, gc.eos_token_id)
+        rows_new = [_strip_padding(sequences[i, prompt_len:].tolist(), gc.pad_token_id, gc.eos_token_id) for i in range(b)]
 
         if method.kind == "tree":
             accepted = _accepted_from_tree_stats(stats)
@@ -396,17 +405,26 @@ class TurnRunner:
             forwards, draft_t, verify_t = stats.target_forwards, 0.0, stats.verify_time_s
             accepted = [0] * forwards
         else:  # generate with or without an assistant: from where each target forward started
-            accepted = self.starts.accepted_per_step(prompt_len, prompt_len + len(new_ids))
             forwards, draft_t, verify_t = len(self.starts.starts), self.draft_timer.total, self.verify_timer.total
-        return TurnRecord(
-            prompt_tokens=prompt_len, new_tokens=len(new_ids), time_s=elapsed, draft_time_s=float(draft_t),
-            verify_time_s=float(verify_t), target_forwards=int(forwards),
-            accept_hist=_histogram(accepted) if accepted is not None else None,
-            peak_memory_mb=round(self.memory.peak_mb(), 1), output_ids=new_ids, prompt_ids=input_ids[0].tolist(),
-            mode=meta["mode"],
-            method=method.name, suite=meta["suite"], question_id=meta["question_id"],
-            category=meta["category"], turn=meta["turn"],
-        )
+            if b == 1:
+                accepted = self.starts.accepted_per_step(prompt_len, prompt_len + len(rows_new[0]))
+            else:  # only plain decoding runs batched here: one token per row and forward
+                accepted = [0] * forwards
+        peak = round(self.memory.peak_mb(), 1)
+        records = []
+        for i, meta in enumerate(metas):
+            first = i == 0
+            prompt = input_ids[i][attention_mask[i].bool()].tolist()
+            records.append(TurnRecord(
+                prompt_tokens=len(prompt), new_tokens=len(rows_new[i]), time_s=elapsed / b,
+                draft_time_s=float(draft_t) / b, verify_time_s=float(verify_t) / b,
+                target_forwards=int(forwards) if first else 0,
+                accept_hist=(_histogram(accepted) if first else []) if accepted is not None else None,
+                peak_memory_mb=peak, batch=batch, output_ids=rows_new[i], prompt_ids=prompt, mode=meta["mode"],
+                method=method.name, suite=meta["suite"], question_id=meta["question_id"],
+                category=meta["category"], turn=meta["turn"],
+            ))
+        return records
 
 
 def _strip_padding(ids: list[int], pad_id, eos_id) -> list[int]:
@@ -459,13 +477,13 @@ def generation_config_for(target, mode: Mode, max_new_tokens: int, tokenizer):
 
 # ----------------------------------------------------------------------------------------- the run
 def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict]:
-    """Per (suite, mode, method), and per (mode, method) over all suites as suite '_all'."""
+    """Per (suite, mode, batch size, method), and per (mode, batch size, method) over all suites as suite '_all'."""
     groups: dict[tuple, list[TurnRecord]] = {}
     for r in records:
-        groups.setdefault((r.suite, r.mode, r.method), []).append(r)
-        groups.setdefault(("_all", r.mode, r.method), []).append(r)
+        groups.setdefault((r.suite, r.mode, r.batch, r.method), []).append(r)
+        groups.setdefault(("_all", r.mode, r.batch, r.method), []).append(r)
     rows = []
-    for (suite, mode, method), rs in groups.items():
+    for (suite, mode, batch, method), rs in groups.items():
         tokens = sum(r.new_tokens for r in rs)
         t = sum(r.time_s for r in rs)
         draft_t = sum(r.draft_time_s for r in rs)
@@ -488,7 +506,7 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
             by_pos = None
         rows.append(
             {
-                "suite": suite, "mode": mode, "method": method, "turns": len(rs),
+                "suite": suite, "mode": mode, "batch": batch, "method": method, "turns": len(rs),
                 "questions": len({(r.suite, r.question_id) for r in rs}),
                 "new_tokens": tokens, "time_s": round(t, 4),
                 "tokens_per_s": tokens / t if t > 0 else None,
@@ -503,10 +521,10 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
                 "target_forwards": sum(r.target_forwards for r in rs),
             }
         )
-    by_key = {(r["suite"], r["mode"], r["method"]): r for r in rows}
+    by_key = {(r["suite"], r["mode"], r["batch"], r["method"]): r for r in rows}
 
     def ratio(r, base_name):
-        base = by_key.get((r["suite"], r["mode"], base_name))
+        base = by_key.get((r["suite"], r["mode"], r["batch"], base_name))
         return r["tokens_per_s"] / base["tokens_per_s"] if base and base["tokens_per_s"] and r["tokens_per_s"] else None
 
     for r in rows:
@@ -521,12 +539,12 @@ def lossless_check(
     """Greedy outputs of every method against plain greedy, turn by turn. ``near_ties`` (reduced precision:
     ``near_ties.near_tie_check``): a method whose outputs differ is still lossless where every token it emitted
     is the float32 target's choice up to a near-tie; each entry then carries its own and plain's scores."""
-    plain = {(r.suite, r.question_id, r.turn): r for r in records if r.mode == "greedy" and r.method == plain_name}
+    plain = {(r.suite, r.question_id, r.turn, r.batch): r for r in records if r.mode == "greedy" and r.method == plain_name}
     report: dict[str, dict] = {}
     for r in records:
         if r.mode != "greedy" or r.method == plain_name:
             continue
-        p = plain.get((r.suite, r.question_id, r.turn))
+        p = plain.get((r.suite, r.question_id, r.turn, r.batch))
         if p is None:
             continue
         entry = report.setdefault(r.method, {"turns": 0, "identical": 0, "by_suite": {}, "mismatches": []})
@@ -541,7 +559,7 @@ def lossless_check(
         first = next((i for i in range(n) if r.output_ids[i] != p.output_ids[i]), n)
         entry["mismatches"].append(
             {
-                "suite": r.suite, "question_id": r.question_id, "turn": r.turn, "first_difference": first,
+                "suite": r.suite, "question_id": r.question_id, "turn": r.turn, "batch": r.batch, "first_difference": first,
                 "plain": tokenizer.decode(p.output_ids[max(0, first - 8): first + 12]),
                 "method": tokenizer.decode(r.output_ids[max(0, first - 8): first + 12]),
             }
@@ -573,11 +591,14 @@ def run_benchmark(
     keep_outputs: bool = False,
     max_turns: int | None = None,
     float32_check: bool = True,
+    batch_sizes: list[int] = (1,),
 ) -> dict:
     """Run every method on every question of every suite (interleaved) and return the results dict that
     ``report.write_report`` renders. ``target``/``draft`` must already sit on their device and dtype.
     ``float32_check``: in bf16/fp16, score every greedy output with a float32 copy of the target (``near_ties``),
-    which needs memory for that copy once the runs are done."""
+    which needs memory for that copy once the runs are done. ``batch_sizes``: also run the questions of each suite in
+    left-padded batches of these sizes (the methods that take batches: plain, same_forward, tree); every speed-up
+    compares methods at the same batch size."""
     methods = list(dict.fromkeys(methods))
     if "plain" not in methods:
         methods.insert(0, "plain")  # speed-ups are relative to plain decoding in the same run
@@ -593,31 +614,48 @@ def run_benchmark(
     runner = TurnRunner(ctx, device)
     records: list[TurnRecord] = []
     bar = None
-    total = sum(len(s) for s in suites) * len(method_objs) * len(modes)
+    batch_sizes = sorted(set(batch_sizes))
+    if not batch_sizes or batch_sizes[0] < 1:
+        raise ValueError(f"batch sizes must be at least 1, got {list(batch_sizes)}")
+    pad_id = generation_config_for(target, Mode(), 1, tokenizer).pad_token_id
+    plan = []  # (mode, batch size, methods, groups of questions)
+    for mode in modes:
+        for size in batch_sizes:
+            methods_here = method_objs if size == 1 else [m for m in method_objs if m.batched]
+            for suite in suites:
+                groups = [suite.questions[i : i + size] for i in range(0, len(suite.questions), size)]
+                plan.append((mode, size, methods_here, suite, groups))
+    total = sum(len(ms) * len(groups) for _, _, ms, _, groups in plan)
     if progress:
         from tqdm.auto import tqdm
 
         bar = tqdm(total=total, desc="bench", unit="run", file=sys.stderr, dynamic_ncols=True)
     try:
-        for mode in modes:
+        warmed = set()
+        for mode, size, methods_here, suite, groups in plan:
             gc = generation_config_for(target, mode, max_new_tokens, tokenizer)
-            _warm_up(runner, method_objs, suites, tokenizer, gc, warmup, device)
-            for suite in suites:
-                for qi, q in enumerate(suite.questions):
-                    order = method_objs[qi % len(method_objs):] + method_objs[: qi % len(method_objs)]
-                    for method in order:
-                        answers: list[str] = []
-                        for ti in range(min(len(q.turns), max_turns or len(q.turns))):  # max_turns=1: first turns
-                            ids = build_prompt(tokenizer, q.turns[: ti + 1], answers).to(device)
-                            if not mode.greedy:
-                                torch.manual_seed(seed + 1000 * qi + ti)
-                            meta = dict(suite=suite.name, question_id=q.question_id, category=q.category, turn=ti + 1, mode=mode.name)
-                            rec = runner.run(method, ids, torch.ones_like(ids), gc, meta)
-                            records.append(rec)
-                            answers.append(tokenizer.decode(rec.output_ids, skip_special_tokens=True).strip())
-                        if bar is not None:
-                            bar.set_postfix_str(f"{suite.name} {method.name}", refresh=False)
-                            bar.update(1)
+            if (mode.name, size) not in warmed:
+                _warm_up(runner, methods_here, suites, tokenizer, gc, warmup, device, size, pad_id)
+                warmed.add((mode.name, size))
+            for gi, group in enumerate(groups):
+                order = methods_here[gi % len(methods_here):] + methods_here[: gi % len(methods_here)]
+                turns = min(min(len(q.turns) for q in group), max_turns or 10**9)  # max_turns=1: first turns
+                for method in order:
+                    answers: list[list[str]] = [[] for _ in group]
+                    for ti in range(turns):
+                        prompts = [build_prompt(tokenizer, q.turns[: ti + 1], answers[j]) for j, q in enumerate(group)]
+                        ids, mask = left_pad(prompts, pad_id)
+                        if not mode.greedy:
+                            torch.manual_seed(seed + 1000 * gi + ti)
+                        metas = [dict(suite=suite.name, question_id=q.question_id, category=q.category, turn=ti + 1,
+                                      mode=mode.name) for q in group]
+                        recs = runner.run(method, ids.to(device), mask.to(device), gc, metas, batch=size)
+                        records.extend(recs)
+                        for j, rec in enumerate(recs):
+                            answers[j].append(tokenizer.decode(rec.output_ids, skip_special_tokens=True).strip())
+                    if bar is not None:
+                        bar.set_postfix_str(f"{suite.name} {method.name}" + (f" x{size}" if size > 1 else ""), refresh=False)
+                        bar.update(1)
     finally:
         runner.close()
         if bar is not None:
@@ -646,6 +684,7 @@ def run_benchmark(
             "tree": [m.tree_params for m in method_objs if m.kind == "tree"] or None,
             "warmup": warmup,
             "seed": seed,
+            "batch_sizes": batch_sizes,
             "memory_measure": runner.memory.kind,
             "suites": [{"name": s.name, "source": s.source, "questions": len(s)} for s in suites],
         },
@@ -659,29 +698,42 @@ def run_benchmark(
     return results
 
 
-def _warm_up(runner: TurnRunner, methods: list[Method], suites: list[Suite], tokenizer, gc, warmup: int, device):
+def left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Prompts (1, L_i) -> (ids, attention mask) (b, max L_i), left-padded with ``pad_id``."""
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - p.shape[1]:] = p[0]
+        mask[i, width - p.shape[1]:] = 1
+    return ids, mask
+
+
+def _warm_up(runner: TurnRunner, methods: list[Method], suites: list[Suite], tokenizer, gc, warmup: int, device,
+             size: int = 1, pad_id: int = 0):
     if warmup <= 0 or not suites or not suites[0].questions:
         return
-    q = suites[0].questions[0]
-    ids = build_prompt(tokenizer, q.turns[:1], []).to(device)
+    group = suites[0].questions[:size]
+    ids, mask = left_pad([build_prompt(tokenizer, q.turns[:1], []) for q in group], pad_id)
     gc = copy.deepcopy(gc)
     gc.max_new_tokens = min(gc.max_new_tokens, 32)
-    meta = dict(suite="warmup", question_id=q.question_id, category=q.category, turn=1, mode="warmup")
+    metas = [dict(suite="warmup", question_id=q.question_id, category=q.category, turn=1, mode="warmup") for q in group]
     for _ in range(warmup):
         for method in methods:
-            runner.run(method, ids, torch.ones_like(ids), gc, meta)
+            runner.run(method, ids.to(device), mask.to(device), gc, metas)
 
 
 def sweep_summary(rows: list[dict], methods: list[Method]) -> dict:
     """Tree settings ranked by overall speed-up (all suites), per mode."""
     params = {m.name: m.tree_params for m in methods if m.kind == "tree"}
     out = {}
-    for mode in sorted({r["mode"] for r in rows}):
+    for mode, batch in sorted({(r["mode"], r.get("batch", 1)) for r in rows}):
         ranked = sorted(
-            (r for r in rows if r["suite"] == "_all" and r["mode"] == mode and r["method"] in params),
+            (r for r in rows if r["suite"] == "_all" and r["mode"] == mode and r.get("batch", 1) == batch
+             and r["method"] in params),
             key=lambda r: -(r["speedup"] or 0),
         )
-        out[mode] = {
+        out[mode if batch == 1 else f"{mode}, batch {batch}"] = {
             "ranking": [
                 {**params[r["method"]], "method": r["method"], "speedup": r["speedup"],
                  "tokens_per_s": r["tokens_per_s"], "mean_acceptance_length": r["mean_acceptance_length"]}

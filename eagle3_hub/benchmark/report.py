@@ -24,6 +24,7 @@ def row_sort_key(row: dict) -> tuple:
         row["suite"],
         row["mode"] != "greedy",
         row["mode"],
+        row.get("batch", 1),
         METHOD_ORDER.index(kind) if kind in METHOD_ORDER else len(METHOD_ORDER),
         row["method"],
     )
@@ -63,7 +64,8 @@ def markdown_table(results: dict) -> str:
         rows = [r for r in rows if r["suite"] != "_all"]
     # a second baseline when the run has it: plain decoding through tree decoding's own forward
     with_same = any(r.get("speedup_same_forward") is not None for r in rows)
-    header = ["Suite", "Mode", "Method", "Tokens/s", "Speed-up"] + (["vs same forward"] if with_same else []) + [
+    batched = any(r.get("batch", 1) > 1 for r in rows)
+    header = ["Suite", "Mode"] + (["Batch"] if batched else []) + ["Method", "Tokens/s", "Speed-up"] + (["vs same forward"] if with_same else []) + [
         "Accept. length", "Accepted at draft pos. 1/2/3/…", "Draft / verify / other", "Peak MB", "Lossless"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
@@ -75,6 +77,7 @@ def markdown_table(results: dict) -> str:
         cells = [
             "all suites" if r["suite"] == "_all" else r["suite"],
             r["mode"],
+            *([str(r.get("batch", 1))] if batched else []),
             r["method"],
             _fmt(r["tokens_per_s"], ".1f"),
             _fmt(r["speedup"], ".2f") + "×",
@@ -136,7 +139,8 @@ def plot_chart(results: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in results["results"] if r["mode"] == "greedy"] or results["results"]
+    rows = [r for r in results["results"] if r.get("batch", 1) == 1]
+    rows = [r for r in rows if r["mode"] == "greedy"] or rows
     mode = rows[0]["mode"]
     suites = sorted({r["suite"] for r in rows}, key=lambda s: (s == "_all", s))
     if len(suites) == 2:

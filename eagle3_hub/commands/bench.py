@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..benchmark.bench import METHOD_NAMES, SWEEP_DEFAULTS, TREE_KEYS, tree_grid
+from ..benchmark.bench import METHOD_NAMES, SWEEP_DEFAULTS, TREE_KEYS, number_list, tree_grid
 from ..benchmark.suites import STANDARD_SUITES
 
 # --flag -> tree key (the tree's own lookup branch has its flag apart from prompt-lookup decoding's)
@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--batch-size", default="1",
+                   help="comma-separated; e.g. 1,4 also runs each suite's questions in left-padded batches of 4 (plain, "
+                        "same_forward and tree; transformers' assisted and prompt-lookup decoding take one prompt)")
     g.add_argument("--lookup-tokens", type=int, default=10, help="prompt_lookup_num_tokens for 'lookup'")
     g.add_argument("--assistant-tokens", type=int, default=None, help="num_assistant_tokens for 'assisted' and 'assistant'")
     g.add_argument("--warmup", type=int, default=1, help="warm-up rounds (every method on the first question) before measuring")
@@ -118,6 +121,9 @@ def run(args) -> int:
     if any(t < 0 for t in temperatures) or not temperatures:
         raise ValueError(f"--temperature takes numbers >= 0 (0 = greedy), got {args.temperature!r}")
     modes = [Mode(t, args.top_p, args.top_k) for t in temperatures]
+    batch_sizes = number_list(args.batch_size)
+    if any(b < 1 for b in batch_sizes):
+        raise ValueError(f"--batch-size takes integers >= 1, got {args.batch_size!r}")
     grid = tree_grid_from_args(args) if "tree" in methods else None
     draft_path = resolve_draft(args.draft, args.target, methods)
     suites = load_suites(args.suite, bench_dir=args.bench_dir, num_questions=args.num_questions)
@@ -131,6 +137,7 @@ def run(args) -> int:
         assistant_tokenizer=assistant_tok, modes=modes, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
         tree_grid=grid, lookup_tokens=args.lookup_tokens, warmup=args.warmup, seed=args.seed,
         progress=not args.quiet, keep_outputs=args.save_outputs, float32_check=not args.no_float32_check,
+        batch_sizes=batch_sizes,
     )
     results["settings"].update(
         target=args.target or "smollm2-135m-instruct",

@@ -45,6 +45,19 @@ HISTORY_FREE_PROCESSORS = tuple(
 )
 
 
+def sampling_warpers(do_sample: bool, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> LogitsProcessorList:
+    """transformers' warpers for ``temperature`` / ``top_k`` / ``top_p`` (none when greedy; 0 and 1.0 disable)."""
+    processors = LogitsProcessorList()
+    if do_sample:
+        if temperature != 1.0:
+            processors.append(_lp.TemperatureLogitsWarper(temperature))
+        if top_k > 0:
+            processors.append(_lp.TopKLogitsWarper(top_k))
+        if top_p < 1.0:
+            processors.append(_lp.TopPLogitsWarper(top_p))
+    return processors
+
+
 class Processing:
     """The logits processors and the choice of a token (argmax, or a sample with ``generator``)."""
 
@@ -108,11 +121,29 @@ def accept_greedy(tree: Tree, logits, keep, node_logits, process: Processing):
     return end, bonus
 
 
-def accept_walk(tree: Tree, node_logits, process: Processing, history: Callable[[int, torch.Tensor], torch.Tensor]):
+def kept_scores(tree: Tree, logits, keep, process: Processing):
+    """Score-only processors applied once to every kept slot's logits (one head product and one processor call per
+    step, not one per level): returns (processed scores (b, K, V), slot -> kept index (S,), -1 where not kept), or
+    None when the processors read each node's prefix (the walk then processes level by level)."""
+    if not process.history_free or (isinstance(keep, int) and keep != 0):
+        return None
+    b, S = tree.tok.shape
+    V = logits.shape[-1]
+    scores = process(logits.float().reshape(-1, V), None).view(b, -1, V)
+    index = torch.arange(S, device=logits.device)
+    if isinstance(keep, torch.Tensor):
+        index = torch.full((S,), -1, dtype=torch.long, device=logits.device)
+        index[keep] = torch.arange(keep.shape[0], device=logits.device)
+    return scores, index
+
+
+def accept_walk(tree: Tree, node_logits, process: Processing, history: Callable[[int, torch.Tensor], torch.Tensor],
+                kept=None):
     """Walk the tree from the root, level by level (all rows at once): at each node accept one child by
     multi-candidate rejection sampling (greedy: the child equal to the argmax), else stop there and draw the bonus
     token. ``history(i, prefix)``: row i's tokens so far plus ``prefix`` (1, len), for processors that read it.
-    Returns (end slot (b,), bonus token (b,))."""
+    ``kept``: ``kept_scores``' answer, read where it holds the node (a leaf's scores are computed when the walk
+    stops there). Returns (end slot (b,), bonus token (b,))."""
     tok, parent = tree.tok, tree.parent
     dev = tok.device
     cpu = dev.type == "cpu"
@@ -124,10 +155,22 @@ def accept_walk(tree: Tree, node_logits, process: Processing, history: Callable[
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     bonus = torch.zeros(b, dtype=torch.long, device=dev)
     path: list[torch.Tensor] = []  # accepted tokens so far, one (b,) per level
-    for _ in range(tree.depth + 1):
+
+    def level_scores(prefix):
+        if kept is not None:
+            at = kept[1][cur]
+            if not cpu or bool((at >= 0).all()):  # (off the CPU every slot is kept: no host sync)
+                return kept[0][arange_b, at]
+            scores = kept[0][arange_b, at.clamp(min=0)]
+            missing = ((at < 0) & alive).nonzero().squeeze(1)  # live rows at leaves: their scores now
+            scores[missing] = process(node_logits(cur)[missing].float(), None)
+            return scores
         scores = node_logits(cur).float()  # (b, V)
+        return process(scores, lambda: [history(i, prefix[i]) for i in range(b)])
+
+    for _ in range(tree.depth + 1):
         prefix = torch.stack(path, dim=1) if path else torch.zeros(b, 0, dtype=torch.long, device=dev)
-        scores = process(scores, lambda prefix=prefix: [history(i, prefix[i]) for i in range(b)])
+        scores = level_scores(prefix)
         cand = is_child[arange_b, cur] & alive[:, None]  # (b, S)
         if process.do_sample:
             probs = torch.softmax(scores, dim=-1)

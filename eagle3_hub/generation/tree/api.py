@@ -12,10 +12,9 @@ from typing import Any
 
 import torch
 from transformers import LogitsProcessorList, StoppingCriteriaList
-from transformers.generation import logits_process as _lp
 from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 
-from .acceptance import Processing
+from .acceptance import Processing, sampling_warpers
 from .config import TreeConfig
 from .decode import TreeDecoder
 from .outputs import TreeDecodingOutput, TreeDecodingStats
@@ -78,14 +77,7 @@ def generate(
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {top_k}")
-    processors = LogitsProcessorList()
-    if do_sample:
-        if temperature != 1.0:
-            processors.append(_lp.TemperatureLogitsWarper(temperature))
-        if top_k > 0:
-            processors.append(_lp.TopKLogitsWarper(top_k))
-        if top_p < 1.0:
-            processors.append(_lp.TopPLogitsWarper(top_p))
+    processors = sampling_warpers(do_sample, temperature, top_k, top_p)
     if eos_token_id is None:
         eos_token_id = getattr(target.generation_config, "eos_token_id", None)
     criteria = []

@@ -119,7 +119,7 @@ class Verifier:
             hidden_states = out.hidden_states
             last = hidden_states[-1]
             logits = self.lm_head(last[:, kept]) if own_head else out.logits
-        feats = torch.cat([hidden_states[i] for i in self.aux], dim=-1)  # (b, s, F)
+        feats = torch.cat([hidden_states[i] for i in self.aux], dim=-1) if self.aux else None  # (b, s, F)
         self.clock.add("verify_time_s", t0, self.clock.now())
         self.stats.target_forwards += 1
         return logits, feats, last
@@ -164,13 +164,13 @@ class Verifier:
         return logits, feats, pos, valid
 
     # ------------------------------------------------------------------ a tree
-    def logits_rows(self, tree: Tree, walk: bool) -> int | torch.Tensor:
-        """The slots whose logits acceptance reads, as ``logits_to_keep``: 0 = all; 1 = the last one only (the walk
-        computes the others it visits from the hidden states); else the slots with children in any row, rounded up
-        to a multiple of LOGITS_ROWS_MULTIPLE rows."""
+    def logits_rows(self, tree: Tree, per_level: bool) -> int | torch.Tensor:
+        """The slots whose logits acceptance reads, as ``logits_to_keep``: 0 = all; 1 = the last one only (a walk
+        ``per_level``, whose processors read each node's prefix, computes the others it visits from the hidden
+        states); else the slots with children in any row, rounded up to a multiple of LOGITS_ROWS_MULTIPLE rows."""
         if not self.lazy_logits:
             return 0
-        if walk:
+        if per_level:
             return 1
         b, S = tree.tok.shape
         has_child = torch.zeros(b, S, dtype=torch.bool, device=self.device).scatter_(1, tree.parent[:, 1:], True)
