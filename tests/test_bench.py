@@ -515,3 +515,31 @@ def test_batched_runs_compare_methods_at_the_same_batch_size(tiny, tmp_path):
     with pytest.raises(ValueError, match="at least 1"):
         run_benchmark(target, tok, _suite(tmp_path, n=1, turns=1), methods=["plain"], max_new_tokens=4,
                       progress=False, batch_sizes=[0])
+
+
+def test_methods_that_time_themselves_run_on_models_without_hooks(tiny):
+    """The measuring hooks are on the models only while a generate-based method runs: a hooked output head turns
+    tree decoding's packed head off (it copies only a hook-free nn.Linear), which slowed every tree and same-forward
+    figure the bench measured."""
+    from types import SimpleNamespace
+
+    target, tok = tiny
+    runner = bench.TurnRunner(bench.BenchContext(target, tok), torch.device("cpu"))
+    gc = bench.generation_config_for(target, Mode(), 4, tok)
+    ids = torch.tensor([[5, 6, 7]])
+    seen = {}
+
+    def method(kind):
+        def run(input_ids, mask, config):
+            head, first_layer = target.get_output_embeddings(), target.model.layers[0]
+            seen[kind] = len(head._forward_hooks) + len(head._forward_pre_hooks) + len(first_layer._forward_pre_hooks)
+            out = target.generate(input_ids, attention_mask=mask, generation_config=config)
+            return out, SimpleNamespace(target_forwards=4, verify_time_s=0.0)
+        return bench.Method(kind, kind, run)
+
+    meta = [dict(suite="s", question_id=1, category="c", turn=1, mode="greedy")]
+    for kind in ("plain", "same_forward", "plain"):
+        runner.run(method(kind), ids, torch.ones_like(ids), gc, meta)
+    assert seen["same_forward"] == 0 and seen["plain"] > 0
+    head = target.get_output_embeddings()
+    assert not head._forward_hooks and not head._forward_pre_hooks  # none left behind

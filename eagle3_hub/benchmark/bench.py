@@ -57,7 +57,6 @@ class ForwardTimer:
 
     def __init__(self, modules, device: torch.device):
         self.device = device
-        self.active = True  # off for methods that time themselves: on GPU every timed forward costs two syncs
         self.total = 0.0
         self.calls = 0
         self._depth = 0
@@ -69,16 +68,12 @@ class ForwardTimer:
                 self._handles.append(m.register_forward_hook(self._post))
 
     def _pre(self, module, args):
-        if not self.active:
-            return
         if self._depth == 0:
             _sync(self.device)
             self._t0 = time.perf_counter()
         self._depth += 1
 
     def _post(self, module, args, output):
-        if not self.active:
-            return
         self._depth = max(self._depth - 1, 0)
         if self._depth == 0:
             _sync(self.device)
@@ -102,12 +97,9 @@ class ForwardStarts:
 
     def __init__(self, decoder):
         self.starts: list[int] = []
-        self.active = True
         self._handle = decoder.register_forward_pre_hook(self._pre, with_kwargs=True)
 
     def _pre(self, module, args, kwargs):
-        if not self.active:
-            return
         pos = kwargs.get("position_ids")
         if pos is not None:
             self.starts.append(int(pos.reshape(-1)[0]))
@@ -355,41 +347,45 @@ SELF_TIMED = ("tree", "same_forward")  # methods whose stats give their own forw
 
 
 class TurnRunner:
-    """Runs one method on one prompt under hooks and returns a TurnRecord."""
+    """Runs one method on b prompts and returns a TurnRecord per row. ``generate``-based methods run under hooks
+    that time the target and the draft and see where each target forward starts; the methods that count and time
+    their own steps (``SELF_TIMED``) run on models without hooks, since a hooked output head or layer would turn
+    their fast paths off (the packed head copies only a hook-free ``nn.Linear``)."""
 
     def __init__(self, ctx: BenchContext, device: torch.device):
-        from ..eagle3_assistant import decoder_layers
-
         self.ctx = ctx
         self.device = device
-        target = ctx.target
-        decoder = target.get_decoder() if hasattr(target, "get_decoder") else target.model
-        self.verify_timer = ForwardTimer([target, decoder, target.get_output_embeddings()], device)
-        drafts = [m for m in (ctx.draft, ctx.assistant) if m is not None]
-        self.draft_timer = ForwardTimer(drafts, device)
-        self.starts = ForwardStarts(decoder_layers(target)[0])
         self.memory = PeakMemory(device)
 
+    def _hooks(self) -> tuple[ForwardTimer, ForwardTimer, ForwardStarts]:
+        from ..eagle3_assistant import decoder_layers
+
+        target = self.ctx.target
+        decoder = target.get_decoder() if hasattr(target, "get_decoder") else target.model
+        verify_timer = ForwardTimer([target, decoder, target.get_output_embeddings()], self.device)
+        draft_timer = ForwardTimer([m for m in (self.ctx.draft, self.ctx.assistant) if m is not None], self.device)
+        return verify_timer, draft_timer, ForwardStarts(decoder_layers(target)[0])
+
     def close(self):
-        self.verify_timer.close()
-        self.draft_timer.close()
-        self.starts.close()
+        pass  # hooks live for one run only
 
     def run(self, method: Method, input_ids, attention_mask, gc, metas: list[dict], batch: int = 1) -> list[TurnRecord]:
         """One method on b left-padded prompts (b = len(metas)): one record per row, labelled with the run's
         ``batch`` size (a suite's last batch may hold fewer prompts). A batch's time, forwards and acceptance
         histogram go to its rows as shares (time / b each; the counts on the first row)."""
         b, prompt_len = input_ids.shape
-        for hook in (self.verify_timer, self.draft_timer, self.starts):
-            hook.reset()
-            hook.active = method.kind not in SELF_TIMED  # these count and time their own steps
-        self.memory.reset()
-        _sync(self.device)
-        t0 = time.perf_counter()
-        with torch.inference_mode(), attention_kernels(self.device):  # every method on the same attention kernels
-            sequences, stats = method.run(input_ids, attention_mask, gc)
-        _sync(self.device)
-        elapsed = time.perf_counter() - t0
+        hooks = None if method.kind in SELF_TIMED else self._hooks()
+        try:
+            self.memory.reset()
+            _sync(self.device)
+            t0 = time.perf_counter()
+            with torch.inference_mode(), attention_kernels(self.device):  # every method on the same attention kernels
+                sequences, stats = method.run(input_ids, attention_mask, gc)
+            _sync(self.device)
+            elapsed = time.perf_counter() - t0
+        finally:
+            for hook in hooks or ():
+                hook.close()
         rows_new = [_strip_padding(sequences[i, prompt_len:].tolist(), gc.pad_token_id, gc.eos_token_id) for i in range(b)]
 
         if method.kind == "tree":
@@ -405,9 +401,10 @@ class TurnRunner:
             forwards, draft_t, verify_t = stats.target_forwards, 0.0, stats.verify_time_s
             accepted = [0] * forwards
         else:  # generate with or without an assistant: from where each target forward started
-            forwards, draft_t, verify_t = len(self.starts.starts), self.draft_timer.total, self.verify_timer.total
+            verify_timer, draft_timer, starts = hooks
+            forwards, draft_t, verify_t = len(starts.starts), draft_timer.total, verify_timer.total
             if b == 1:
-                accepted = self.starts.accepted_per_step(prompt_len, prompt_len + len(rows_new[0]))
+                accepted = starts.accepted_per_step(prompt_len, prompt_len + len(rows_new[0]))
             else:  # only plain decoding runs batched here: one token per row and forward
                 accepted = [0] * forwards
         peak = round(self.memory.peak_mb(), 1)
