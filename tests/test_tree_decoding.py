@@ -39,6 +39,7 @@ from eagle3_hub.generation.tree import (
     verification,
     write_custom_generate,
 )
+from eagle3_hub.generation.tree.config import TreeConfig
 from eagle3_hub.generation.tree.drafting import Drafter
 from eagle3_hub.generation.tree.lookup import PromptLookup as _PromptLookup
 
@@ -986,6 +987,11 @@ def test_tree_defaults_per_device():
     assert tree_defaults("cpu", torch.bfloat16) == TREE_DEFAULTS["cpu-bfloat16"] != TREE_DEFAULTS["cpu"]
     assert tree_defaults("cpu", torch.float32) == TREE_DEFAULTS["cpu"]
     assert tree_defaults("cuda", torch.bfloat16) == TREE_DEFAULTS["cuda"]
+    # sampling has its own row where one was measured, else the greedy one
+    assert tree_defaults("cpu", torch.bfloat16, do_sample=True) == TREE_DEFAULTS["cpu-bfloat16-sampling"]
+    assert tree_defaults("cpu", torch.float32, do_sample=True) == TREE_DEFAULTS["cpu"]
+    sampled = TreeConfig().resolve(torch.device("cpu"), torch.bfloat16, do_sample=True, draft_vocab=256)
+    assert (sampled.depth, sampled.tree_top_k, sampled.total_tokens, sampled.lookup_tokens) == (3, 8, 10, 0)
     for shape in TREE_DEFAULTS.values():
         assert shape["total_tokens"] <= shape["top_k"] + (shape["depth"] - 1) * shape["top_k"] ** 2
         assert shape["lookup_tokens"] >= 0

@@ -18,18 +18,23 @@ TREE_DEFAULTS: dict[str, dict[str, float]] = {
             "grow_min_prob": 0.0},
     "cpu-bfloat16": {"depth": 3, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0,
                      "grow_min_prob": 0.0},
+    # sampling accepts fewer tokens per node than greedy, and a wider tree keeps more of the target's mass
+    "cpu-bfloat16-sampling": {"depth": 3, "top_k": 8, "total_tokens": 10, "lookup_tokens": 0, "min_node_prob": 0.0,
+                              "grow_min_prob": 0.0},
     "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0,
              "grow_min_prob": 0.0},
 }
 
 
-def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None) -> dict[str, float]:
+def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None, do_sample: bool = False) -> dict[str, float]:
     """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` / ``min_node_prob`` / ``grow_min_prob``
-    for a device and the target's dtype (``TREE_DEFAULTS``: a CPU's differ in bfloat16; CUDA's for other
-    accelerators)."""
+    for a device, the target's dtype and the mode (``TREE_DEFAULTS``: a CPU's differ in bfloat16; a ``-sampling``
+    row, where one was measured, when sampling; CUDA's for other accelerators)."""
     kind = torch.device(device).type
     if kind == "cpu" and dtype == torch.bfloat16:
         kind = "cpu-bfloat16"
+    if do_sample and f"{kind}-sampling" in TREE_DEFAULTS:
+        kind = f"{kind}-sampling"
     return dict(TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cuda"]))
 
 
@@ -64,7 +69,7 @@ class TreeConfig:
 
     def resolve(self, device: torch.device, dtype: torch.dtype, do_sample: bool, draft_vocab: int) -> "TreeConfig":
         """Every field set (the device defaults where ``None``) and checked: one clear ``ValueError`` per problem."""
-        defaults = tree_defaults(device, dtype)
+        defaults = tree_defaults(device, dtype, do_sample)
         graph = device.type == "cuda" if self.draft_graph is None else self.draft_graph
         c = TreeConfig(
             depth=defaults["depth"] if self.depth is None else self.depth,
