@@ -139,7 +139,8 @@ def plot_chart(results: dict, path: str | Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in results["results"] if r.get("batch", 1) == 1]
+    smallest = min(r.get("batch", 1) for r in results["results"])
+    rows = [r for r in results["results"] if r.get("batch", 1) == smallest]
     rows = [r for r in rows if r["mode"] == "greedy"] or rows
     mode = rows[0]["mode"]
     suites = sorted({r["suite"] for r in rows}, key=lambda s: (s == "_all", s))

@@ -78,7 +78,7 @@ def same_forward_generate(
         if step == max_new_tokens - 1 or bool(done.all()):
             break
         tree = Tree.build(token, no_nodes, no_nodes, no_nodes, None, 0)
-        logits, _, _, q_pos = verifier.verify(tree, next_pos, verifier.logits_rows(tree, per_level=False))
+        logits, _, _, q_pos = verifier.verify(tree, next_pos, verifier.logits_rows(tree))
         verifier.commit(keep_slot, valid, q_pos)
         next_pos = next_pos + 1
     out = SameForwardStats(stats.target_forwards, stats.verify_time_s, stats.lean_forward,

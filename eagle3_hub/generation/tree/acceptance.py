@@ -121,29 +121,28 @@ def accept_greedy(tree: Tree, logits, keep, node_logits, process: Processing):
     return end, bonus
 
 
-def kept_scores(tree: Tree, logits, keep, process: Processing):
-    """Score-only processors applied once to every kept slot's logits (one head product and one processor call per
-    step, not one per level): returns (processed scores (b, K, V), slot -> kept index (S,), -1 where not kept), or
-    None when the processors read each node's prefix (the walk then processes level by level)."""
-    if not process.history_free or (isinstance(keep, int) and keep != 0):
-        return None
-    b, S = tree.tok.shape
-    V = logits.shape[-1]
-    scores = process(logits.float().reshape(-1, V), None).view(b, -1, V)
-    index = torch.arange(S, device=logits.device)
-    if isinstance(keep, torch.Tensor):
-        index = torch.full((S,), -1, dtype=torch.long, device=logits.device)
-        index[keep] = torch.arange(keep.shape[0], device=logits.device)
-    return scores, index
+def kept_slots(tree: Tree, keep) -> torch.Tensor:
+    """slot -> its row in the verification's kept logits (``keep`` as ``Verifier.logits_rows`` chose it), -1 where
+    the verification computed none (S,)."""
+    S = tree.tok.shape[1]
+    dev = tree.tok.device
+    index = torch.full((S,), -1, dtype=torch.long, device=dev)
+    if isinstance(keep, int):  # the last `keep` slots (0: all)
+        n = S if keep == 0 else keep
+        index[S - n :] = torch.arange(n, device=dev)
+    else:
+        index[keep] = torch.arange(keep.shape[0], device=dev)
+    return index
 
 
-def accept_walk(tree: Tree, node_logits, process: Processing, history: Callable[[int, torch.Tensor], torch.Tensor],
-                kept=None):
+def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing,
+                history: Callable[[int, torch.Tensor], torch.Tensor]):
     """Walk the tree from the root, level by level (all rows at once): at each node accept one child by
     multi-candidate rejection sampling (greedy: the child equal to the argmax), else stop there and draw the bonus
-    token. ``history(i, prefix)``: row i's tokens so far plus ``prefix`` (1, len), for processors that read it.
-    ``kept``: ``kept_scores``' answer, read where it holds the node (a leaf's scores are computed when the walk
-    stops there). Returns (end slot (b,), bonus token (b,))."""
+    token. A node's logits come from the verification's kept slots (``logits``, ``keep``; a leaf's are computed when
+    a walk stops there); the processors run on the b visited nodes of each level only, not on every kept slot.
+    ``history(i, prefix)``: row i's tokens so far plus ``prefix`` (1, len), for processors that read it.
+    Returns (end slot (b,), bonus token (b,))."""
     tok, parent = tree.tok, tree.parent
     dev = tok.device
     cpu = dev.type == "cpu"
@@ -156,17 +155,18 @@ def accept_walk(tree: Tree, node_logits, process: Processing, history: Callable[
     bonus = torch.zeros(b, dtype=torch.long, device=dev)
     path: list[torch.Tensor] = []  # accepted tokens so far, one (b,) per level
 
+    index = kept_slots(tree, keep)
+
     def level_scores(prefix):
-        if kept is not None:
-            at = kept[1][cur]
-            if not cpu or bool((at >= 0).all()):  # (off the CPU every slot is kept: no host sync)
-                return kept[0][arange_b, at]
-            scores = kept[0][arange_b, at.clamp(min=0)]
-            missing = ((at < 0) & alive).nonzero().squeeze(1)  # live rows at leaves: their scores now
-            scores[missing] = process(node_logits(cur)[missing].float(), None)
-            return scores
-        scores = node_logits(cur).float()  # (b, V)
-        return process(scores, lambda: [history(i, prefix[i]) for i in range(b)])
+        at = index[cur]
+        if not cpu or bool((at >= 0).all()):  # (off the CPU every slot is kept: no host sync)
+            raw = logits[arange_b, at]
+        else:
+            raw = logits[arange_b, at.clamp(min=0)]
+            missing = ((at < 0) & alive).nonzero().squeeze(1)  # live rows at leaves: their logits now
+            if missing.numel():
+                raw[missing] = node_logits(cur)[missing].to(raw.dtype)
+        return process(raw.float(), lambda: [history(i, prefix[i]) for i in range(b)])
 
     for _ in range(tree.depth + 1):
         prefix = torch.stack(path, dim=1) if path else torch.zeros(b, 0, dtype=torch.long, device=dev)

@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import torch
 
-from .acceptance import Processing, accept_greedy, accept_walk, kept_scores
+from .acceptance import Processing, accept_greedy, accept_walk
 from .config import TreeConfig
 from .drafting import Drafter
 from .lookup import PromptLookup
@@ -96,7 +96,7 @@ class TreeDecoder:
         tree = Tree.build(self.root, *nodes, chain, depth)
 
         # 2. verify: [root, nodes] in one target forward
-        keep = self.verifier.logits_rows(tree, per_level=self.processing.walks and not self.processing.history_free)
+        keep = self.verifier.logits_rows(tree)
         logits, feats, last, q_pos = self.verifier.verify(tree, self.next_pos, keep)
         for r in self.rows:
             self.forwards[r] += 1
@@ -106,8 +106,7 @@ class TreeDecoder:
             return self.verifier.node_logits(logits, last, keep, slot)
 
         if self.processing.walks:
-            end, bonus = accept_walk(tree, node_logits, self.processing, self._history,
-                                     kept_scores(tree, logits, keep, self.processing))
+            end, bonus = accept_walk(tree, logits, keep, node_logits, self.processing, self._history)
         else:
             end, bonus = accept_greedy(tree, logits, keep, node_logits, self.processing)
         accepted = tree.level.gather(1, end[:, None]).squeeze(1)  # accepted draft tokens per row (b,)

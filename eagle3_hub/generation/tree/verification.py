@@ -164,14 +164,12 @@ class Verifier:
         return logits, feats, pos, valid
 
     # ------------------------------------------------------------------ a tree
-    def logits_rows(self, tree: Tree, per_level: bool) -> int | torch.Tensor:
-        """The slots whose logits acceptance reads, as ``logits_to_keep``: 0 = all; 1 = the last one only (a walk
-        ``per_level``, whose processors read each node's prefix, computes the others it visits from the hidden
-        states); else the slots with children in any row, rounded up to a multiple of LOGITS_ROWS_MULTIPLE rows."""
+    def logits_rows(self, tree: Tree) -> int | torch.Tensor:
+        """The slots whose logits acceptance reads, as ``logits_to_keep``: 0 = all; else the slots with children in
+        any row (a path's end without children gets its logits from ``node_logits`` when acceptance stops there),
+        rounded up to a multiple of LOGITS_ROWS_MULTIPLE rows."""
         if not self.lazy_logits:
             return 0
-        if per_level:
-            return 1
         b, S = tree.tok.shape
         has_child = torch.zeros(b, S, dtype=torch.bool, device=self.device).scatter_(1, tree.parent[:, 1:], True)
         wanted = has_child.any(dim=0)
