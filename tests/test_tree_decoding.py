@@ -992,6 +992,11 @@ def test_tree_defaults_per_device():
     assert tree_defaults("cpu", torch.float32, do_sample=True) == TREE_DEFAULTS["cpu"]
     sampled = TreeConfig().resolve(torch.device("cpu"), torch.bfloat16, do_sample=True, draft_vocab=256)
     assert (sampled.depth, sampled.tree_top_k, sampled.total_tokens, sampled.lookup_tokens) == (3, 8, 10, 0)
+    # batches from 4 rows on take smaller trees on a bf16 CPU; a batch of 2 keeps the batch-1 tree
+    assert tree_defaults("cpu", torch.bfloat16, batch=2) == TREE_DEFAULTS["cpu-bfloat16"]
+    four = TreeConfig().resolve(torch.device("cpu"), torch.bfloat16, do_sample=False, draft_vocab=256, batch=8)
+    assert (four.depth, four.tree_top_k, four.total_tokens, four.lookup_tokens) == (2, 8, 4, 20)
+    assert tree_defaults("cpu", torch.float32, batch=8) == TREE_DEFAULTS["cpu"]
     for shape in TREE_DEFAULTS.values():
         assert shape["total_tokens"] <= shape["top_k"] + (shape["depth"] - 1) * shape["top_k"] ** 2
         assert shape["lookup_tokens"] >= 0

@@ -13,7 +13,7 @@ copied verbatim into a draft folder's ``custom_generate/``.
 
 from .api import attention_kernels, check_draft_fits_target, generate, load_draft, tree_generate
 from .caches import TreeKVCache
-from .config import TREE_DEFAULTS, TreeConfig, tree_defaults
+from .config import BATCH_TREE_DEFAULTS, TREE_DEFAULTS, TreeConfig, tree_defaults
 from .hub_files import custom_generate_files, write_custom_generate
 from .lookup import LOOKUP_SHARE
 from .outputs import TreeDecodingOutput, TreeDecodingStats
@@ -31,6 +31,7 @@ __all__ = [
     "generate",
     "load_draft",
     "tree_defaults",
+    "BATCH_TREE_DEFAULTS",
     "tree_generate",
     "write_custom_generate",
 ]

@@ -169,7 +169,8 @@ def _run(target, draft, input_ids, attention_mask, config: TreeConfig, processin
     draft = _prepare_draft(draft, target, trust_remote_code)
     input_ids, attention_mask = _check_prompt(target, input_ids, attention_mask, max_new_tokens, streamer)
     weight = target.get_input_embeddings().weight
-    config = config.resolve(weight.device, weight.dtype, processing.do_sample, draft.config.draft_vocab_size)
+    config = config.resolve(weight.device, weight.dtype, processing.do_sample, draft.config.draft_vocab_size,
+                            batch=input_ids.shape[0])
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else 0
     if max_new_tokens == 0:

@@ -24,18 +24,30 @@ TREE_DEFAULTS: dict[str, dict[str, float]] = {
     "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0,
              "grow_min_prob": 0.0},
 }
+# Smaller trees for batches, from a batch size on: a CPU verifies b rows at about b times one row's cost, so each
+# row's tree must be cheaper (measured at batch 4 on a bf16 CPU; other rows keep their batch-1 trees).
+BATCH_TREE_DEFAULTS: dict[str, dict[int, dict[str, float]]] = {
+    "cpu-bfloat16": {4: {"depth": 2, "top_k": 8, "total_tokens": 4}},
+    "cpu-bfloat16-sampling": {4: {"depth": 2, "top_k": 8, "total_tokens": 8}},
+}
 
 
-def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None, do_sample: bool = False) -> dict[str, float]:
+def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None, do_sample: bool = False,
+                  batch: int = 1) -> dict[str, float]:
     """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` / ``min_node_prob`` / ``grow_min_prob``
-    for a device, the target's dtype and the mode (``TREE_DEFAULTS``: a CPU's differ in bfloat16; a ``-sampling``
-    row, where one was measured, when sampling; CUDA's for other accelerators)."""
+    for a device, the target's dtype, the mode and the batch size (``TREE_DEFAULTS``: a CPU's differ in bfloat16; a
+    ``-sampling`` row, where one was measured, when sampling; CUDA's for other accelerators; then the
+    ``BATCH_TREE_DEFAULTS`` of the largest batch size up to ``batch``)."""
     kind = torch.device(device).type
     if kind == "cpu" and dtype == torch.bfloat16:
         kind = "cpu-bfloat16"
     if do_sample and f"{kind}-sampling" in TREE_DEFAULTS:
         kind = f"{kind}-sampling"
-    return dict(TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cuda"]))
+    shape = dict(TREE_DEFAULTS.get(kind, TREE_DEFAULTS["cuda"]))
+    for size, smaller in sorted(BATCH_TREE_DEFAULTS.get(kind, {}).items()):
+        if batch >= size:
+            shape.update(smaller)
+    return shape
 
 
 @dataclass(frozen=True)
@@ -67,9 +79,11 @@ class TreeConfig:
         """A copy with the given fields set (``None`` values are ignored: they keep this config's)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
-    def resolve(self, device: torch.device, dtype: torch.dtype, do_sample: bool, draft_vocab: int) -> "TreeConfig":
-        """Every field set (the device defaults where ``None``) and checked: one clear ``ValueError`` per problem."""
-        defaults = tree_defaults(device, dtype, do_sample)
+    def resolve(self, device: torch.device, dtype: torch.dtype, do_sample: bool, draft_vocab: int,
+                batch: int = 1) -> "TreeConfig":
+        """Every field set (the defaults for the device, dtype, mode and batch size where ``None``) and checked: one
+        clear ``ValueError`` per problem."""
+        defaults = tree_defaults(device, dtype, do_sample, batch)
         graph = device.type == "cuda" if self.draft_graph is None else self.draft_graph
         c = TreeConfig(
             depth=defaults["depth"] if self.depth is None else self.depth,
