@@ -507,6 +507,7 @@ def test_batched_runs_compare_methods_at_the_same_batch_size(tiny, tmp_path):
         r = rows[(2, method)]
         assert r["turns"] == 6 and r["speedup"] == pytest.approx(r["tokens_per_s"] / rows[(2, "plain")]["tokens_per_s"])
     assert rows[(2, "tree")]["mean_acceptance_length"] >= 1 and rows[(2, "same_forward")]["mean_acceptance_length"] == 1
+    assert rows[(1, "tree")]["tree"]["depth"] >= 1 and rows[(2, "plain")]["tree"] is None  # each row's tree shape
     assert res["lossless"]["tree"]["turns"] == 12 and res["lossless"]["tree"]["lossless"]  # 6 alone + 6 in pairs
     assert res["lossless"]["same_forward"]["lossless"] and res["lossless"]["assisted"]["turns"] == 6
     batched = [r for r in res["records"] if r["batch"] == 2 and r["method"] == "plain"]

@@ -322,6 +322,7 @@ class TurnRecord:
     output_ids: list[int] = field(default_factory=list, repr=False)
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     batch: int = 1  # prompts run together; a batch's time goes to its rows in equal shares
+    tree: dict | None = None  # tree decoding's shape in this run (defaults differ by mode and batch size)
 
     def to_json(self, with_outputs: bool = False) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("output_ids", "prompt_ids")}
@@ -417,7 +418,8 @@ class TurnRunner:
                 draft_time_s=float(draft_t) / b, verify_time_s=float(verify_t) / b,
                 target_forwards=int(forwards) if first else 0,
                 accept_hist=(_histogram(accepted) if first else []) if accepted is not None else None,
-                peak_memory_mb=peak, batch=batch, output_ids=rows_new[i], prompt_ids=prompt, mode=meta["mode"],
+                peak_memory_mb=peak, batch=batch, tree=dict(stats.tree) if method.kind == "tree" else None,
+                output_ids=rows_new[i], prompt_ids=prompt, mode=meta["mode"],
                 method=method.name, suite=meta["suite"], question_id=meta["question_id"],
                 category=meta["category"], turn=meta["turn"],
             ))
@@ -515,6 +517,7 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
                     "overhead": max(t - draft_t - verify_t, 0.0) / t if t else None,
                 },
                 "peak_memory_mb": max(r.peak_memory_mb for r in rs),
+                "tree": rs[0].tree,
                 "target_forwards": sum(r.target_forwards for r in rs),
             }
         )
