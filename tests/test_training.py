@@ -433,6 +433,38 @@ def test_target_logits_only_where_the_loss_reads_them(arch):
     assert a.step_count.tolist() == b.step_count.tolist() and a.step_count[0] > 0
 
 
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_target_scores_give_the_loss_of_full_logits_without_a_vocabulary_sized_tensor(arch, monkeypatch):
+    """With the draft vocabulary's ids, the target's logits reach the loss as TargetScores (the draft columns, and of
+    the full vocabulary the argmax and log-sum-exp), computed a few rows at a time: the same loss and counts as full
+    logits, and no (b, s, V) tensor (a 262k-token target's would take gigabytes per batch)."""
+    from eagle3_hub.training import features as features_module
+    from eagle3_hub.training.ttt import TargetScores, draft_token_ids
+
+    target = make_tiny_target(arch)
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(3, target.config.vocab_size, (3, 11), generator=g)
+    att = torch.ones_like(ids)
+    att[2, -3:] = 0
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, 3:] = 1
+    loss_mask &= att
+    at = target_logit_positions(loss_mask)
+    draft = Eagle3DraftModel.from_target(target, aux_layer_ids=[0, 1, 2], draft_vocab_size=64)
+    draft.set_vocab_mapping(torch.arange(0, 128, 2))  # every other token: some targets' choices fall outside
+    monkeypatch.setattr(features_module, "SCORE_CHUNK_ROWS", 5)  # several chunks
+    aux, full = aux_features(target, ids, att, [0, 1, 2], logits_at=at)
+    _, scores = aux_features(target, ids, att, [0, 1, 2], logits_at=at, draft_ids=draft_token_ids(draft))
+    assert isinstance(scores, TargetScores) and scores.draft.shape == (3, 11, 64)
+    assert scores.argmax[at].tolist() == full[at].argmax(-1).tolist()
+    torch.testing.assert_close(scores.lse[at], full[at].float().logsumexp(-1))
+    with torch.no_grad():
+        a = ttt_loss(draft, aux, ids, full, loss_mask, att, ttt_steps=3, loss={"kl": 0.5, "lk": 0.5})
+        b = ttt_loss(draft, aux, ids, scores, loss_mask, att, ttt_steps=3, loss={"kl": 0.5, "lk": 0.5})
+    torch.testing.assert_close(a.loss, b.loss)
+    assert a.step_count.tolist() == b.step_count.tolist() and a.step_trained.tolist() == b.step_trained.tolist()
+
+
 def test_length_grouped_batches_cover_every_sample_once_with_less_padding():
     lengths = torch.randint(10, 400, (1000,), generator=torch.Generator().manual_seed(0)).tolist()
 

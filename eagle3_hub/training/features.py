@@ -22,41 +22,63 @@ from safetensors.torch import save_file
 from tqdm.auto import tqdm
 
 from ..atomic import atomic_path, atomic_write_json
+from .ttt import TargetScores
 
 
 @torch.no_grad()
-def aux_features(target, input_ids, attention_mask, aux_layer_ids, logits_at: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(b, s, 3*H) aux features (outputs of the aux decoder layers) and (b, s, V) target logits.
+def aux_features(target, input_ids, attention_mask, aux_layer_ids, logits_at: torch.Tensor | None = None,
+                 draft_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | TargetScores]:
+    """(b, s, 3*H) aux features (outputs of the aux decoder layers) and the target's logits: (b, s, V), or their
+    ``TargetScores`` when ``draft_ids`` (the draft vocabulary's target ids) is given.
 
     logits_at: (b, s) bool, the positions whose logits are wanted (``ttt.target_logit_positions``); the others
     are left at 0. The target's output layer over its full vocabulary is then run on those rows only."""
-    if logits_at is None:
+    if logits_at is None and draft_ids is None:
         out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
-        logits = out.logits
-    else:
-        out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False,
-                     logits_to_keep=1)
-        logits = target_logits(target, out.hidden_states[-1], logits_at)
+        return torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1), out.logits
+    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False,
+                 logits_to_keep=1)
     aux = torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1)
-    return aux, logits
+    return aux, target_logits(target, out.hidden_states[-1], logits_at, draft_ids)
+
+
+# rows of the target's head computed at once when only their TargetScores are kept (262k columns: ~1 GB of float32)
+SCORE_CHUNK_ROWS = 1024
 
 
 @torch.no_grad()
-def target_logits(target, last: torch.Tensor, logits_at: torch.Tensor | None = None) -> torch.Tensor:
+def target_logits(target, last: torch.Tensor, logits_at: torch.Tensor | None = None,
+                  draft_ids: torch.Tensor | None = None) -> torch.Tensor | TargetScores:
     """(b, s, V) logits from the target's final (normed) hidden state ``last`` (b, s, H), at ``logits_at`` only
-    (zeros elsewhere) when it is given."""
+    (zeros elsewhere) when it is given; with ``draft_ids``, their ``TargetScores`` instead, computed
+    ``SCORE_CHUNK_ROWS`` rows at a time, so that no (b, s, V) tensor is ever made."""
     lm_head = target.get_output_embeddings()
     last = last.to(lm_head.weight.dtype)
-    if logits_at is None:
-        logits = lm_head(last)
-    else:
-        logits = last.new_zeros(last.shape[:2] + (lm_head.weight.shape[0],))
-        logits[logits_at] = lm_head(last[logits_at])
     softcap = getattr(target.config.get_text_config(), "final_logit_softcapping", None)
-    if softcap:  # Gemma 2 / 3
-        logits = torch.tanh(logits / softcap) * softcap
-    return logits
+
+    def head(h):
+        logits = lm_head(h)
+        return torch.tanh(logits / softcap) * softcap if softcap else logits  # Gemma 2 / 3
+
+    if draft_ids is None:
+        if logits_at is None:
+            return head(last)
+        logits = last.new_zeros(last.shape[:2] + (lm_head.weight.shape[0],))
+        logits[logits_at] = head(last[logits_at])
+        return logits
+    at = torch.ones(last.shape[:2], dtype=torch.bool, device=last.device) if logits_at is None else logits_at
+    rows = last[at]  # (n, H)
+    b, s = last.shape[:2]
+    scores = TargetScores(torch.zeros(b, s, draft_ids.numel(), device=last.device),
+                          torch.zeros(b, s, dtype=torch.long, device=last.device),
+                          torch.zeros(b, s, device=last.device))
+    parts = [TargetScores.from_logits(head(rows[i : i + SCORE_CHUNK_ROWS]), draft_ids)
+             for i in range(0, rows.shape[0], SCORE_CHUNK_ROWS)]
+    if parts:
+        scores.draft[at] = torch.cat([p.draft for p in parts])
+        scores.argmax[at] = torch.cat([p.argmax for p in parts])
+        scores.lse[at] = torch.cat([p.lse for p in parts])
+    return scores
 
 
 def sample_key(input_ids) -> str:
@@ -214,9 +236,10 @@ class OfflineFeatures:
         return t
 
     @torch.no_grad()
-    def load(self, batch, logits_at: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(b, s, 3*H) aux features and (b, s, V) target logits (at ``logits_at`` only, when given) for a
-        right-padded batch."""
+    def load(self, batch, logits_at: torch.Tensor | None = None, draft_ids: torch.Tensor | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor | TargetScores]:
+        """(b, s, 3*H) aux features and (b, s, V) target logits (at ``logits_at`` only, when given; their
+        ``TargetScores`` with ``draft_ids``) for a right-padded batch."""
         b, s = batch["input_ids"].shape
         device = batch["input_ids"].device
         aux_rows, last_rows = [], []
@@ -229,5 +252,6 @@ class OfflineFeatures:
         for r, (a, l) in enumerate(zip(aux_rows, last_rows)):
             aux[r, : a.shape[0]] = a
             last[r, : l.shape[0]] = l
-        logits = target_logits(self.target, last.to(device), None if logits_at is None else logits_at.to(device))
+        logits = target_logits(self.target, last.to(device), None if logits_at is None else logits_at.to(device),
+                               draft_ids)
         return aux.to(device), logits

@@ -35,7 +35,7 @@ from .data import GENERATION_REPORT, DataError, build_conversations, regeneratio
 from .features import OfflineFeatures, aux_features
 from .recipe import draft_config_overrides, load_recipe, load_stages, parse_overrides
 from .losses import parse_loss
-from .ttt import acceptance_metrics, target_logit_positions, ttt_loss
+from .ttt import acceptance_metrics, draft_token_ids, target_logit_positions, ttt_loss
 from .vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
 
 def collate(batch: list[dict], pad_id: int) -> dict:
@@ -445,10 +445,12 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
         features.build([train_ds, eval_ds], tokenizer.pad_token_id)
 
     def get_features(batch):
+        # the loss reads the target's logits over the draft vocabulary, and of the rest only argmax and log-sum-exp
         at = target_logit_positions(batch["loss_mask"].bool() & batch["attention_mask"].bool())
+        ids = draft_token_ids(draft)
         if features is not None:
-            return features.load(batch, logits_at=at)
-        return aux_features(target, batch["input_ids"], batch["attention_mask"], aux_ids, logits_at=at)
+            return features.load(batch, logits_at=at, draft_ids=ids)
+        return aux_features(target, batch["input_ids"], batch["attention_mask"], aux_ids, logits_at=at, draft_ids=ids)
 
     # ---- loaders, optimizer, schedule
     pad = tokenizer.pad_token_id

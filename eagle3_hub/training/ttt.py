@@ -61,11 +61,38 @@ def draft_core(draft):
     return draft
 
 
+@dataclass
+class TargetScores:
+    """The target's logits as the loss reads them: over the draft vocabulary (b, s, Vd), and of the full vocabulary
+    only the argmax (b, s, target ids) and the log-sum-exp (b, s). A 262k-token target's full logits of one batch
+    would take gigabytes; these are a few megabytes."""
+
+    draft: torch.Tensor
+    argmax: torch.Tensor
+    lse: torch.Tensor
+
+    @classmethod
+    def from_logits(cls, logits: torch.Tensor, draft_ids: torch.Tensor, rows: torch.Tensor | None = None) -> "TargetScores":
+        """From full logits (n..., V); the log-sum-exp only at ``rows`` (bool, the leading shape) when given."""
+        lse = logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
+        if rows is None:
+            lse = logits.float().logsumexp(-1)
+        else:
+            lse[rows] = logits[rows].float().logsumexp(-1)
+        return cls(logits.index_select(-1, draft_ids).float(), logits.argmax(-1), lse)
+
+
+def draft_token_ids(draft) -> torch.Tensor:
+    """(Vd,) the target ids of the draft's vocabulary."""
+    core = draft_core(draft)
+    return torch.arange(core.config.draft_vocab_size, device=core.d2t.device) + core.d2t
+
+
 def ttt_loss(
     draft,
     aux_hidden_states: torch.Tensor,  # (b, s, 3*Ht) target features at the aux layers
     input_ids: torch.LongTensor,  # (b, s), right-padded
-    target_logits: torch.Tensor,  # (b, s, V) target logits (full vocabulary); read at target_logit_positions only
+    target_logits: "torch.Tensor | TargetScores",  # (b, s, V) logits or their TargetScores; read at target_logit_positions
     loss_mask: torch.Tensor,  # (b, s) 1 on assistant tokens (tokens to predict)
     attention_mask: torch.Tensor | None = None,  # (b, s) 1 on real tokens
     ttt_steps: int = 7,
@@ -81,19 +108,20 @@ def ttt_loss(
         attention_mask = torch.ones_like(input_ids)
     loss_mask = loss_mask.bool() & attention_mask.bool()
     with torch.no_grad():
-        draft_ids = torch.arange(core.config.draft_vocab_size, device=device) + core.d2t  # (Vd,) target ids
-        target_argmax = target_logits.argmax(-1)  # (b, s)
-        in_vocab = core.t2d[target_argmax]  # (b, s): the target's choice is reachable by the draft
-        sel = target_logits.index_select(-1, draft_ids).float()  # (b, s, Vd)
+        rows = target_logit_positions(loss_mask)
+        scores = target_logits
+        if not isinstance(scores, TargetScores):
+            scores = TargetScores.from_logits(target_logits, draft_token_ids(core), rows)
+        in_vocab = core.t2d[scores.argmax]  # (b, s): the target's choice is reachable by the draft
+        sel = scores.draft  # (b, s, Vd)
         lse_draft = sel.logsumexp(-1)
         target_p = (sel - lse_draft.unsqueeze(-1)).exp()  # (b, s, Vd) renormalised over the draft vocabulary
         del sel
         target_argmax_draft = target_p.argmax(-1)  # (b, s) in draft ids
         # the target's probability mass on the draft vocabulary, at the rows the loss reads (mass outside it is
         # never accepted, so the acceptance losses see p as it is: target_p * mass)
-        rows = target_logit_positions(loss_mask)
         draft_mass = torch.ones(b, s, device=device)
-        draft_mass[rows] = (lse_draft[rows] - target_logits[rows].float().logsumexp(-1)).exp()
+        draft_mass[rows] = (lse_draft[rows] - scores.lse[rows]).exp()
 
     mask = causal_mask(s, torch.float32, device)
     positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
