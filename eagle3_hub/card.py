@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 
 from .atomic import atomic_copy, atomic_path
-from .targets import is_embedded
+from .targets import is_embedded, named_target
 
 CARD_MARKER = "<!-- model card written by eagle3-hub; `eagle3-hub card` rewrites it -->"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -27,9 +27,12 @@ _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 
 # ----------------------------------------------------------------------------------------- the target
 def target_hub_id(target: str | None) -> str | None:
-    """The Hub id of a target spec: the embedded SmolLM2's origin, a repo id as is, ``None`` for local paths."""
+    """The Hub id of a target spec: the embedded SmolLM2's origin, a named target's origin (``--target
+    gemma-3-270m``), a repo id as is, ``None`` for local paths."""
     if is_embedded(target):
         return EMBEDDED_HUB_ID
+    if named_target(target) is not None:
+        return named_target(target).hub_id
     if Path(target).expanduser().exists():
         return None
     return target if _HUB_ID.fullmatch(target) else None
@@ -90,6 +93,9 @@ def target_license(target: str | None, timeout: float = 10.0) -> dict:
 
         lic = _gguf_license(embedded_gguf_dir() / EMBEDDED_GGUF)
         return {"license": lic} if lic else {}
+    spec = named_target(target)
+    if spec is not None:  # its terms, as its package states them (a draft trained on its outputs carries them)
+        return {k: v for k, v in (("license", spec.license), ("license_link", spec.license_link)) if v}
     path = Path(target).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         lic = _gguf_license(path)

@@ -150,6 +150,18 @@ def test_card_for_a_hub_target_and_rewrite_with_repo_id(tmp_path):
     assert card.text.lstrip().startswith("<!--") and "# smol-eagle3" in card.text
 
 
+def test_card_for_a_named_target_names_its_origin_and_terms(tmp_path):
+    """A draft for --target gemma-3-270m: base_model is the target's Hub origin and the license its terms, as the
+    package states them (a draft trained on its outputs carries them), without loading the target or the Hub."""
+    from huggingface_hub import ModelCard
+
+    draft = make_draft_folder(tmp_path / "draft")
+    write_model_card(draft, base_model="gemma-3-270m")
+    data = ModelCard.load(draft / "README.md").data
+    assert data.base_model == "google/gemma-3-270m"
+    assert data.license == "gemma" and data.license_link == "https://ai.google.dev/gemma/terms"
+
+
 def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     """A draft folder as `eagle3-hub train` leaves it (training_metrics.json) for the embedded target: base
     model, license (from the GGUF's metadata) and datasets come from there."""
