@@ -405,18 +405,22 @@ def test_ttt_loss_matches_a_naive_step_by_step_reference():
     assert m["chain_acceptance"] == pytest.approx(chain) and m["expected_acceptance_length"] == pytest.approx(1 + sum(chain))
 
 
+def _padded_batch(target, seed: int, shape: tuple[int, int], padding: int, first_scored: int):
+    """Random token ids, the last row right-padded by ``padding``, tokens from ``first_scored`` on scored."""
+    ids = torch.randint(3, target.config.vocab_size, shape, generator=torch.Generator().manual_seed(seed))
+    att = torch.ones_like(ids)
+    att[-1, -padding:] = 0
+    loss_mask = torch.zeros_like(ids)
+    loss_mask[:, first_scored:] = 1
+    return ids, att, loss_mask & att
+
+
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
 def test_target_logits_only_where_the_loss_reads_them(arch):
     """aux_features(logits_at=...) runs the target's output layer on the rows the TTT loss reads (the one before
     each scored token), with Gemma's soft-capping; the loss is unchanged."""
     target = make_tiny_target(arch)
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, target.config.vocab_size, (2, 9), generator=g)
-    att = torch.ones_like(ids)
-    att[1, -2:] = 0
-    loss_mask = torch.zeros_like(ids)
-    loss_mask[:, 4:] = 1
-    loss_mask &= att
+    ids, att, loss_mask = _padded_batch(target, seed=0, shape=(2, 9), padding=2, first_scored=4)
     at = target_logit_positions(loss_mask)
     assert at[0].tolist() == [False] * 3 + [True] * 5 + [False] and at[1].tolist() == [False] * 3 + [True] * 3 + [False] * 3
     aux, full = aux_features(target, ids, att, [0, 1, 2])
@@ -442,13 +446,7 @@ def test_target_scores_give_the_loss_of_full_logits_without_a_vocabulary_sized_t
     from eagle3_hub.training.ttt import TargetScores, draft_token_ids
 
     target = make_tiny_target(arch)
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, target.config.vocab_size, (3, 11), generator=g)
-    att = torch.ones_like(ids)
-    att[2, -3:] = 0
-    loss_mask = torch.zeros_like(ids)
-    loss_mask[:, 3:] = 1
-    loss_mask &= att
+    ids, att, loss_mask = _padded_batch(target, seed=1, shape=(3, 11), padding=3, first_scored=3)
     at = target_logit_positions(loss_mask)
     draft = Eagle3DraftModel.from_target(target, aux_layer_ids=[0, 1, 2], draft_vocab_size=64)
     draft.set_vocab_mapping(torch.arange(0, 128, 2))  # every other token: some targets' choices fall outside
