@@ -367,9 +367,6 @@ class TurnRunner:
         draft_timer = ForwardTimer([m for m in (self.ctx.draft, self.ctx.assistant) if m is not None], self.device)
         return verify_timer, draft_timer, ForwardStarts(decoder_layers(target)[0])
 
-    def close(self):
-        pass  # hooks live for one run only
-
     def run(self, method: Method, input_ids, attention_mask, gc, metas: list[dict], batch: int = 1) -> list[TurnRecord]:
         """One method on b left-padded prompts (b = len(metas)): one record per row, labelled with the run's
         ``batch`` size (a suite's last batch may hold fewer prompts). A batch's time, forwards and acceptance
@@ -657,7 +654,6 @@ def run_benchmark(
                         bar.set_postfix_str(f"{suite.name} {method.name}" + (f" x{size}" if size > 1 else ""), refresh=False)
                         bar.update(1)
     finally:
-        runner.close()
         if bar is not None:
             bar.close()
 

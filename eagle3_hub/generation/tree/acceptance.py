@@ -163,9 +163,9 @@ def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing,
             raw = logits[arange_b, at]
         else:
             raw = logits[arange_b, at.clamp(min=0)]
-            missing = ((at < 0) & alive).nonzero().squeeze(1)  # live rows at leaves: their logits now
+            missing = ((at < 0) & alive).nonzero().squeeze(1)  # live rows at leaves: their logits now, theirs only
             if missing.numel():
-                raw[missing] = node_logits(cur)[missing].to(raw.dtype)
+                raw[missing] = node_logits(cur[missing], missing).to(raw.dtype)
         return process(raw.float(), lambda: [history(i, prefix[i]) for i in range(b)])
 
     for _ in range(tree.depth + 1):

@@ -102,8 +102,8 @@ class TreeDecoder:
             self.forwards[r] += 1
 
         # 3. accept: a path per row and the target's token after it
-        def node_logits(slot):
-            return self.verifier.node_logits(logits, last, keep, slot)
+        def node_logits(slot, rows=None):
+            return self.verifier.node_logits(logits, last, keep, slot, rows)
 
         if self.processing.walks:
             end, bonus = accept_walk(tree, logits, keep, node_logits, self.processing, self._history)

@@ -201,9 +201,11 @@ class Verifier:
         logits, feats, last = self.forward(tree.tok, q_pos, self._mask(allowed, q_pos, k_pos), logits_to_keep=keep)
         return logits, feats, last, q_pos
 
-    def node_logits(self, logits, last, keep, slot: torch.Tensor) -> torch.Tensor:
-        """(b,) one slot per row -> its logits (b, V): from the verification's, or from the hidden states."""
-        rows = torch.arange(slot.shape[0], device=slot.device)
+    def node_logits(self, logits, last, keep, slot: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(n,) one slot for each of ``rows`` (default: every row) -> its logits (n, V): from the verification's, or
+        from the hidden states."""
+        if rows is None:
+            rows = torch.arange(slot.shape[0], device=slot.device)
         if isinstance(keep, int) and keep == 0:
             return logits[rows, slot]
         return self.lm_head(last[rows, slot])
