@@ -429,7 +429,7 @@ def test_machine_info_records_the_thread_settings_that_change_cpu_timings(monkey
 def test_same_forward_greedy_equals_plain_greedy_in_float32(arch):
     """Plain decoding through tree decoding's own forward and head: token for token ``target.generate``'s greedy
     output, and on a CPU it does take the lean forward and the head that verification takes."""
-    from eagle3_hub.benchmark.same_forward import same_forward_generate
+    from eagle3_hub.generation.tree.same_forward import same_forward_generate
 
     target = make_tiny_target(arch)
     for seed, (length, new) in enumerate([(5, 24), (17, 40), (40, 9)]):
@@ -456,7 +456,7 @@ def test_same_forward_batch_equals_batched_generate_in_float32(arch):
     greedy output, a row that meets its end token padded while the others go on."""
     from tiny_models import left_padded
 
-    from eagle3_hub.benchmark.same_forward import same_forward_generate
+    from eagle3_hub.generation.tree.same_forward import same_forward_generate
 
     target = make_tiny_target(arch)
     g = torch.Generator().manual_seed(3)

@@ -65,6 +65,22 @@ def test_tree_decoding_writes_the_conversations_plain_generate_writes(tmp_path, 
     assert json.loads((tmp_path / "tree" / GENERATION_REPORT).read_text())["calls"] == report["calls"]
 
 
+def test_same_forward_writes_the_conversations_plain_generate_writes(tmp_path, tiny_pair, data_dir):
+    target, tok, _ = tiny_pair
+    sources = [str(data_dir / "prompts.json"), {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4}]
+    kw = dict(target=target, tokenizer=tok, synthesize=3, max_new_tokens=12, batch_size=4, max_turns=2)
+    plain = build_conversations(sources, work_dir=tmp_path / "plain", regenerate_with="generate", **kw)
+    lean = build_conversations(sources, work_dir=tmp_path / "lean", regenerate_with="same_forward", **kw)
+    assert list(lean["messages"]) == list(plain["messages"])
+    report = json.loads((tmp_path / "lean" / GENERATION_REPORT).read_text())
+    assert report["regenerate_with"] == "same_forward" and report["draft"] is None
+    (regen,) = [c for name, c in report["calls"].items() if name.startswith("regen-")]
+    assert regen[0]["decoder"] == "same_forward" and regen[0]["new_tokens"] > 0
+    assert report["calls"]["synth-seed0.jsonl"][0]["decoder"] == "generate"  # sampled: a seed keeps its prompts
+    lines = [json.loads(line) for p in (tmp_path / "lean").glob("regen-*.jsonl") for line in open(p)]
+    assert {rec["by"] for rec in lines} == {"same_forward"}
+
+
 def test_prompt_synthesis_through_tree_decoding(tmp_path, tiny_pair):
     target, tok, draft = tiny_pair
     kw = dict(max_new_tokens=10, batch_size=2, openers=["Write a poem", "Solve the puzzle"])
@@ -110,10 +126,11 @@ def test_the_regeneration_draft_is_chosen_and_checked_before_any_model_loads(tmp
     assert regeneration_draft("auto", draft, str(tmp_path)) == draft
     assert regeneration_draft("tree", draft, None) == draft
     assert regeneration_draft("generate", draft, None) is None
+    assert regeneration_draft("same_forward", draft, None) is None  # no draft: the verifier alone
     assert regeneration_draft("auto", "someone/draft-repo", None) == "someone/draft-repo"  # a Hub id
     with pytest.raises(ValueError, match="data.regenerate_with: tree needs an EAGLE-3 draft"):
         regeneration_draft("tree", None, str(tmp_path))
-    with pytest.raises(ValueError, match="must be auto, tree or generate, got 'fast'"):
+    with pytest.raises(ValueError, match="must be one of auto, tree, generate, same_forward, got 'fast'"):
         regeneration_draft("fast", None, None)
     with pytest.raises(FileNotFoundError, match="no config.json there"):
         regeneration_draft("auto", str(tmp_path), None)

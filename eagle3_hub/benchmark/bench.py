@@ -231,7 +231,7 @@ def build_methods(
         if name == "plain":
             methods.append(Method("plain", "plain", lambda ids, mask, gc: (target.generate(ids, attention_mask=mask, generation_config=gc), None)))
         elif name == "same_forward":
-            from .same_forward import same_forward_generate
+            from ..generation.tree.same_forward import same_forward_generate
 
             def run_same_forward(ids, mask, gc):
                 return same_forward_generate(

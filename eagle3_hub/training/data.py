@@ -16,6 +16,7 @@ import json
 import os
 import re
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,6 +28,7 @@ from tqdm.auto import tqdm
 from ..atomic import atomic_write_json
 from ..generation.tree import generate as tree_decode
 from ..generation.tree import load_draft
+from ..generation.tree.same_forward import same_forward_generate
 from ..targets import reference_draft
 
 # Named presets: real Hub dataset ids with the split and shape they hold.
@@ -143,7 +145,10 @@ def dedupe(ds: Dataset) -> Dataset:
 
 
 # ---------------------------------------------------------------------------------------------- generation
-REGENERATE_WITH = ("auto", "tree", "generate")
+REGENERATE_WITH = ("auto", "tree", "generate", "same_forward")
+# `draft` of the generation calls for plain decoding through tree decoding's verifier, one token per step
+# (`same_forward_generate`): greedy, it writes plain greedy's tokens, with the lean forward and packed head
+SAME_FORWARD = "same_forward"
 GENERATION_REPORT = "generation_report.json"  # in build_conversations' work_dir, next to the data report
 
 
@@ -152,12 +157,12 @@ def regeneration_draft(regenerate_with: str = "auto", regenerate_draft: str | No
     """The draft that decodes the target's answers and prompts (``data.regenerate_with``, ``data.regenerate_draft``),
     or None for plain ``target.generate``. Reads no model: a recipe check may call it before anything is loaded.
 
-    ``generate``: None. ``tree``: ``regenerate_draft``, else the reference draft shipped for ``target_name`` (the
+    ``generate`` and ``same_forward``: None. ``tree``: ``regenerate_draft``, else the reference draft shipped for ``target_name`` (the
     recipe's ``target.name``; None is the embedded target), else a ValueError. ``auto``: the same, None where
     neither exists."""
     if regenerate_with not in REGENERATE_WITH:
-        raise ValueError(f"data.regenerate_with must be auto, tree or generate, got {regenerate_with!r}")
-    if regenerate_with == "generate":
+        raise ValueError(f"data.regenerate_with must be one of {', '.join(REGENERATE_WITH)}, got {regenerate_with!r}")
+    if regenerate_with in ("generate", SAME_FORWARD):
         return None
     if regenerate_draft is not None:
         if not isinstance(regenerate_draft, (str, Path)) or not str(regenerate_draft).strip():
@@ -216,7 +221,8 @@ class GenerationSpeed:
 
     def line(self, what: str) -> str:
         d = self.as_dict()
-        by = "tree decoding" + (f" (draft {self.draft})" if self.draft else "") if self.decoder == "tree" else "plain generate"
+        by = {"tree": "tree decoding" + (f" (draft {self.draft})" if self.draft else ""),
+              SAME_FORWARD: "plain decoding through the tree verifier"}.get(self.decoder, "plain generate")
         accepted = f", acceptance length {d['acceptance_length']}" if d.get("acceptance_length") else ""
         return (f"[data] {what}: {by}, {d['new_tokens']} new tokens for {d['samples']} samples in {d['wall_s']} s, "
                 f"{d['target_forwards']} target forwards ({d['tokens_per_s']} tokens/s, {d['tokens_per_cpu_minute']} "
@@ -224,8 +230,8 @@ class GenerationSpeed:
 
 
 def _speed(draft) -> GenerationSpeed:
-    if draft is None:
-        return GenerationSpeed("generate")
+    if draft is None or draft == SAME_FORWARD:
+        return GenerationSpeed("generate" if draft is None else SAME_FORWARD)
     name = str(draft) if isinstance(draft, (str, Path)) else getattr(draft, "name_or_path", None)
     return GenerationSpeed("tree", name or None)
 
@@ -236,11 +242,24 @@ def _eos_ids(target, tokenizer) -> set[int]:
     return ids | ({tokenizer.eos_token_id} if tokenizer.eos_token_id is not None else set())
 
 
+@contextmanager
+def contiguous_head_input(target):
+    """``generate``'s batched prefill gives the head a strided (b, 1, H) slice of the prompt's hidden states; for a
+    frozen head torch runs that as a batched product with a copy of the head's weight per row (seconds for a 262k
+    vocabulary). A contiguous copy of the slice makes it one matrix product, with the same result."""
+    handle = target.get_output_embeddings().register_forward_pre_hook(lambda _, args: (args[0].contiguous(),))
+    try:
+        yield
+    finally:
+        handle.remove()
+
+
 @torch.no_grad()
 def _generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_tokens: int, temperature: float,
                     add_generation_prompt: bool = True, raw_prefixes: list[str] | None = None, draft=None,
                     speed: GenerationSpeed | None = None) -> list[str]:
-    """The target's continuations of a batch (left-padded): plain ``generate``, or tree decoding with ``draft``."""
+    """The target's continuations of a batch (left-padded): plain ``generate``, tree decoding with ``draft``, or
+    plain decoding through tree decoding's verifier (``draft=SAME_FORWARD``)."""
     if raw_prefixes is not None:
         texts = raw_prefixes
     else:
@@ -250,11 +269,18 @@ def _generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_
     sample = temperature > 0
     wall, cpu = time.perf_counter(), time.process_time()
     if draft is None:
-        out = target.generate(
-            **enc, max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature or None,
-            top_p=0.95 if sample else None, pad_token_id=tokenizer.pad_token_id,
-        )
+        with contiguous_head_input(target):
+            out = target.generate(
+                **enc, max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature or None,
+                top_p=0.95 if sample else None, pad_token_id=tokenizer.pad_token_id,
+            )
         stats, forwards = None, out.shape[1] - enc.input_ids.shape[1]
+    elif draft == SAME_FORWARD:
+        out, sf = same_forward_generate(target, enc.input_ids, max_new_tokens, attention_mask=enc.attention_mask,
+                                        do_sample=sample, temperature=temperature if sample else 1.0,
+                                        top_p=0.95 if sample else 1.0, eos_token_id=sorted(_eos_ids(target, tokenizer)),
+                                        pad_token_id=tokenizer.pad_token_id)
+        stats, forwards = None, sf.target_forwards
     else:  # sampling draws from the same distribution as generate (with other draws for the same seed)
         res = tree_decode(target, draft, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=max_new_tokens,
                           do_sample=sample, temperature=temperature if sample else 1.0, top_p=0.95 if sample else 1.0)
@@ -281,7 +307,8 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
     training data.
 
     ``draft``: an EAGLE-3 draft for ``target`` (a loaded model, a folder or a Hub id): the answers come from tree
-    decoding, greedy ones token for token as from ``generate`` (float32). ``report``: a dict this call fills with
+    decoding, greedy ones token for token as from ``generate`` (float32); ``SAME_FORWARD``: plain decoding through
+    tree decoding's verifier, the same tokens in fewer CPU-seconds on CPUs. ``report``: a dict this call fills with
     its decoder and speed (``GenerationSpeed.as_dict``).
     """
     cache_path = Path(cache_path)
@@ -462,6 +489,8 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     calls: dict[str, dict] = {}  # cache file name -> its call's decoder and speed
 
     def draft_for(temperature: float):
+        if regenerate_with == SAME_FORWARD:  # sampled calls stay on generate: a seed keeps its prompts
+            return SAME_FORWARD if temperature == 0 else None
         if draft_path is None or (regenerate_with == "auto" and temperature > 0):
             return None
         if "draft" not in loaded:

@@ -37,9 +37,15 @@ def aux_features(target, input_ids, attention_mask, aux_layer_ids, logits_at: to
         out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
         return torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1), out.logits
     out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False,
-                 logits_to_keep=1)
+                 logits_to_keep=no_logits(input_ids.device))
     aux = torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1)
     return aux, target_logits(target, out.hidden_states[-1], logits_at, draft_ids)
+
+
+def no_logits(device) -> torch.Tensor:
+    """``logits_to_keep`` for a forward that needs hidden states only. (Not ``1``: torch runs the head on a strided
+    (b, 1, H) slice of a frozen model as a batched product that copies the head's weight once per row.)"""
+    return torch.zeros(0, dtype=torch.long, device=device)
 
 
 # rows of the target's head computed at once when only their TargetScores are kept (262k columns: ~1 GB of float32)
@@ -213,7 +219,7 @@ class OfflineFeatures:
                         ids[r, : len(x)] = torch.tensor(x)
                         att[r, : len(x)] = 1
                     out = self.target(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True,
-                                      use_cache=False, logits_to_keep=1)
+                                      use_cache=False, logits_to_keep=no_logits(device))
                     aux = torch.cat([out.hidden_states[i + 1] for i in self.aux_ids], -1).to(torch.bfloat16).cpu()
                     last = out.hidden_states[-1].to(torch.bfloat16).cpu()  # after the final norm: logits = lm_head(last)
                     for r, (index, n) in enumerate(zip(batch["index"], lengths)):

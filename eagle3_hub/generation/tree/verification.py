@@ -142,8 +142,11 @@ class Verifier:
         verdict = _head_verdicts.get(self.target) if subset else None
         trusted = verdict == (head_key, True)  # the head is known to give the model's logits: none from the model
         prefill_cache = DynamicCache()  # no config: every layer keeps all its keys
+        # the last slot by index, not `1`: the model then hands its head a contiguous (b, 1, H) copy, as in a decoding
+        # step (a strided slice of a frozen head runs as a batched product that copies the weight once per row)
+        last_slot = torch.full((1,), input_ids.shape[1] - 1, dtype=torch.long, device=input_ids.device)
         logits, feats, last = self.forward(
-            input_ids, pos, attention_mask if holes else None, logits_to_keep=self.no_slots if trusted else 1,
+            input_ids, pos, attention_mask if holes else None, logits_to_keep=self.no_slots if trusted else last_slot,
             cache=prefill_cache,
         )
         self.cache.load([(layer.keys, layer.values) for layer in prefill_cache.layers])
@@ -153,7 +156,7 @@ class Verifier:
             logits = self.lm_head(last[:, -1:].clone(memory_format=torch.contiguous_format))  # (b, 1, V)
         elif subset:
             # (b, 1, H) as the model gave it to its head: MKL rounds a (b, H) product differently for b > 1
-            self.lazy_logits = bool(torch.equal(self.lm_head(last[:, -1:]), logits[:, -1:]))
+            self.lazy_logits = bool(torch.equal(self.lm_head(last[:, -1:].contiguous()), logits[:, -1:]))
             _head_verdicts[self.target] = (head_key, self.lazy_logits)
         if subset:
             self.packed_head = packed_head(self.head) if self.lazy_logits else None

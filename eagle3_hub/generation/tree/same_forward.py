@@ -1,5 +1,5 @@
 """Plain decoding through the target forward that tree decoding verifies with: the baseline that isolates what
-speculation alone buys.
+speculation alone buys, and a faster plain decoder for training data (``data.regenerate_with: same_forward``).
 
 Tree decoding on a CPU runs its verifications through a lean target forward (``LeanTargetForward``: the same
 computation as transformers' forward without its per-module plumbing), computes logits through a oneDNN-packed copy
@@ -16,9 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ..generation.tree.acceptance import Processing, sampling_warpers
-from ..generation.tree.outputs import PhaseClock, TreeDecodingStats
-from ..generation.tree.verification import Tree, Verifier
+from .acceptance import Processing, sampling_warpers
+from .outputs import PhaseClock, TreeDecodingStats
+from .verification import Tree, Verifier
 
 
 @dataclass
