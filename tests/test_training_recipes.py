@@ -68,3 +68,34 @@ def test_stages_given_as_changes_continue_the_draft_before_them(tmp_path, tiny_t
     assert lineage["steps"] == 2
     with pytest.raises(KeyError, match=r"stage 2: Unknown recipe key `train.learning_rate`"):
         load_stages(load_recipe(config, {"stages": [{"train": {"learning_rate": 1}}]}))
+
+
+def test_from_stage_continues_the_draft_the_stage_before_wrote_and_nothing_else(tmp_path, tiny_target_dir, data_dir,
+                                                                                capsys):
+    short = {"max_steps": 2, "eval_every": 2, "save_every": 2}
+    first = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train=short)
+    first["stages"] = [{"data": {"add_sources": [str(data_dir / "ultrachat.parquet")]}, "train": {"max_steps": 3}}]
+    config = write_recipe(tmp_path / "one.yaml", first)
+    assert run_cli(config, "--from-stage", "2") == 2  # no draft of stage 1 yet
+    assert "holds no draft: train the earlier stages first" in capsys.readouterr().err
+    assert run_cli(config, "--stages", "[]") == 0  # stage 1 alone: its draft is what stage 2 continues
+    capsys.readouterr()
+    assert run_cli(config, "--from-stage", "2") == 0
+    out = capsys.readouterr().out
+    assert "[stages] stage 2/2: " in out and "stage 1/2" not in out
+    metrics = json.loads((Path(first["output_dir"]) / "training_metrics.json").read_text())
+    assert metrics["steps"] == 3 and len(metrics["earlier_stages"]) == 1
+    # output_dir now holds stage 2's draft: starting stage 2 again would train it twice
+    assert run_cli(config, "--from-stage", "2", "--overwrite") == 2
+    assert "is not the one stage 1 writes" in capsys.readouterr().err
+    assert run_cli(config, "--from-stage", "3") == 2
+    assert "the recipe has stages 1 to 2" in capsys.readouterr().err
+
+
+def test_recipe_values_are_yaml_1_2_so_no_is_a_string_and_exponents_are_numbers():
+    from eagle3_hub.training.recipe import parse_overrides
+
+    assert parse_overrides(["--train.mixed_precision", "no", "--train.lr", "3e-4", "--data.regenerate", "false"]) == {
+        "train": {"mixed_precision": "no", "lr": 3e-4}, "data": {"regenerate": False}}
+    recipe = load_recipe(None, {"train": {"mixed_precision": "no"}})
+    assert recipe["train"]["mixed_precision"] == "no"

@@ -1,6 +1,7 @@
 """`eagle3-hub train`: target + data -> a trained EAGLE-3 draft folder.
 
     eagle3-hub train --config recipes/smollm2-135m-instruct.yaml [--train.lr 3e-4 ...] [--resume | --overwrite]
+                     [--from-stage N]
     accelerate launch --config_file recipes/accelerate/ddp.yaml -m eagle3_hub.commands.train --config ...
 """
 
@@ -21,6 +22,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true",
                         help="start again in a work_dir that holds checkpoints: the run there moves to "
                              "<work_dir>/previous-<time>")
+    parser.add_argument("--from-stage", type=int, default=1, metavar="N",
+                        help="start at stage N of the recipe, continuing the draft its stage N - 1 wrote to output_dir "
+                             "(e.g. the shipped draft of a recipe that gained a stage)")
     parser.set_defaults(accepts_overrides=True, overrides=[])  # --section.key VALUE pairs, e.g. --train.lr 3e-4
 
 
@@ -28,7 +32,8 @@ def run(args) -> int:
     """Bad input raises (``eagle3_hub.cli`` prints it as one line, exit 2); a failed upload after training exits 1."""
     overrides = parse_overrides([a for a in (args.overrides or []) if a != "--"])
     try:
-        train_recipe(args.config, overrides, resume=args.resume, overwrite=args.overwrite)
+        train_recipe(args.config, overrides, resume=args.resume, overwrite=args.overwrite,
+                     from_stage=args.from_stage)
     except KeyError as e:  # a recipe key that is missing: bad input like any other
         raise ValueError(e.args[0] if e.args else str(e)) from None
     except HubPushError as e:

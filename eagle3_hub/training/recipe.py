@@ -97,9 +97,16 @@ FIRST_STAGE_ONLY = ("stages", "work_dir", "output_dir")
 
 
 class RecipeLoader(yaml.SafeLoader):
-    """YAML with YAML 1.2 floats: ``3e-4`` is a number (PyYAML's YAML 1.1 reads it as a string)."""
+    """YAML with YAML 1.2 floats and booleans: ``3e-4`` is a number (PyYAML's YAML 1.1 reads it as a string), and
+    only true/false are booleans (YAML 1.1 reads ``no``, as in ``mixed_precision: no``, as false)."""
 
 
+_BOOL = "tag:yaml.org,2002:bool"
+RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+RecipeLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 RecipeLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"

@@ -634,8 +634,10 @@ def export_draft(model, out_dir: Path, metrics: dict | None = None, state_dict: 
             atomic_write_json(tmp / "training_metrics.json", metrics)
 
 
-def train_recipe(config: str | None, overrides: dict | None = None, resume: bool = False, overwrite: bool = False):
+def train_recipe(config: str | None, overrides: dict | None = None, resume: bool = False, overwrite: bool = False,
+                 from_stage: int = 1):
     """Train every stage of a recipe file in turn (``--resume`` skips the stages that finished in their work_dir).
+    ``from_stage`` N starts at stage N, continuing the draft that stage N - 1 wrote (a shipped draft, say).
 
     Raises ``ValueError`` / ``DataError`` / ``OSError`` for bad input, ``HubPushError`` when the final upload fails
     (the draft is saved by then)."""
@@ -643,9 +645,13 @@ def train_recipe(config: str | None, overrides: dict | None = None, resume: bool
     chain = load_stages(load_recipe(config, overrides), overrides)
     for stage in chain:
         check_recipe(stage)
+    if from_stage > 1:
+        check_stage_start(chain, from_stage)
     names = [config] + [st if isinstance(st, str) else f"{config} stage {i}"
                         for i, st in enumerate(chain[0]["stages"], start=2)]
     for i, (name, recipe) in enumerate(zip(names, chain), start=1):
+        if i < from_stage:
+            continue
         if len(chain) > 1:
             print(f"[stages] stage {i}/{len(chain)}: {name}", flush=True)
         if resume and finished_run(recipe):
@@ -658,6 +664,31 @@ def train_recipe(config: str | None, overrides: dict | None = None, resume: bool
             e.output_dir = recipe["output_dir"]
             e.repo_id = recipe.get("push_to_hub")
             raise
+
+
+def check_stage_start(chain: list[dict], from_stage: int) -> None:
+    """Stage ``from_stage`` can start only from a draft that stage ``from_stage - 1`` wrote: the draft in its
+    ``init_from`` must record, in its ``training_metrics.json``, that many stages of training on that stage's data
+    sources (another draft there would be trained on silently)."""
+    if not 1 <= from_stage <= len(chain):
+        raise ValueError(f"--from-stage {from_stage}: the recipe has stages 1 to {len(chain)}")
+    before, init = chain[from_stage - 2], chain[from_stage - 1]["draft"]["init_from"]
+    metrics = Path(init) / "training_metrics.json"
+    if not (Path(init) / "config.json").is_file():
+        raise ValueError(f"--from-stage {from_stage} continues the draft of stage {from_stage - 1} in {init}, which "
+                         f"holds no draft: train the earlier stages first, or drop --from-stage")
+    try:
+        prev = json.loads(metrics.read_text())
+    except (OSError, ValueError):
+        prev = {}
+    paths = lambda srcs: [src if isinstance(src, str) else src.get("path") for src in srcs or []]  # noqa: E731
+    depth = len(prev.get("earlier_stages") or []) + 1 if prev else 0
+    sources = paths(((prev.get("recipe") or {}).get("data") or {}).get("sources"))
+    if depth != from_stage - 1 or sources != paths(before["data"]["sources"]):
+        raise ValueError(f"--from-stage {from_stage}: the draft in {init} is not the one stage {from_stage - 1} "
+                         f"writes ({metrics} records {depth} stage(s) of training, the last on {len(sources)} "
+                         f"source(s); stage {from_stage - 1} is stage {from_stage - 1} on "
+                         f"{len(before['data']['sources'])}): train from an earlier stage")
 
 
 def finished_run(recipe: dict) -> bool:
