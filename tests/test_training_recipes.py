@@ -99,3 +99,16 @@ def test_recipe_values_are_yaml_1_2_so_no_is_a_string_and_exponents_are_numbers(
         "train": {"mixed_precision": "no", "lr": 3e-4}, "data": {"regenerate": False}}
     recipe = load_recipe(None, {"train": {"mixed_precision": "no"}})
     assert recipe["train"]["mixed_precision"] == "no"
+
+
+def test_data_only_prepares_every_stages_data_and_trains_nothing(tmp_path, tiny_target_dir, data_dir, capsys):
+    first = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"])
+    first["stages"] = [{"data": {"add_sources": [str(data_dir / "ultrachat.parquet")]}}]
+    config = write_recipe(tmp_path / "one.yaml", first)
+    assert run_cli(config, "--data-only") == 0  # stage 2's data too, though stage 1 wrote no draft yet
+    assert "train and 4 held-out samples in" in capsys.readouterr().out
+    for work in (Path(first["work_dir"]), Path(first["work_dir"] + "-stage2")):
+        assert (work / "data" / "tokenized" / "dataset_dict.json").is_file()
+        assert json.loads((work / "data" / "generation_report.json").read_text())
+        assert not (work / "checkpoints").exists()
+    assert not (Path(first["output_dir"]) / "config.json").exists()

@@ -1,7 +1,7 @@
 """`eagle3-hub train`: target + data -> a trained EAGLE-3 draft folder.
 
     eagle3-hub train --config recipes/smollm2-135m-instruct.yaml [--train.lr 3e-4 ...] [--resume | --overwrite]
-                     [--from-stage N]
+                     [--from-stage N] [--data-only]
     accelerate launch --config_file recipes/accelerate/ddp.yaml -m eagle3_hub.commands.train --config ...
 """
 
@@ -25,6 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--from-stage", type=int, default=1, metavar="N",
                         help="start at stage N of the recipe, continuing the draft its stage N - 1 wrote to output_dir "
                              "(e.g. the shipped draft of a recipe that gained a stage)")
+    parser.add_argument("--data-only", action="store_true",
+                        help="prepare the data (the target's answers, tokenised, with generation_report.json) in "
+                             "work_dir/data and stop: train later, or elsewhere, from the same work_dir")
     parser.set_defaults(accepts_overrides=True, overrides=[])  # --section.key VALUE pairs, e.g. --train.lr 3e-4
 
 
@@ -33,7 +36,7 @@ def run(args) -> int:
     overrides = parse_overrides([a for a in (args.overrides or []) if a != "--"])
     try:
         train_recipe(args.config, overrides, resume=args.resume, overwrite=args.overwrite,
-                     from_stage=args.from_stage)
+                     from_stage=args.from_stage, data_only=args.data_only)
     except KeyError as e:  # a recipe key that is missing: bad input like any other
         raise ValueError(e.args[0] if e.args else str(e)) from None
     except HubPushError as e:

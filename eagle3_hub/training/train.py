@@ -343,8 +343,9 @@ def resolve_mixed_precision(mixed_precision: str) -> str:
     return "bf16" if cpu_has_bf16_units() else "no"
 
 
-def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
-    """Run a recipe (see ``recipe.DEFAULTS`` and recipes/README.md) and return the draft folder.
+def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only: bool = False) -> Path:
+    """Run a recipe (see ``recipe.DEFAULTS`` and recipes/README.md) and return the draft folder; ``data_only``: stop
+    after the data (generated, tokenised, with its reports in work_dir/data) and return that folder.
 
     Bad input (recipe values, target, draft vocabulary size, aux layers, an existing draft that does not fit,
     missing chat template, empty or malformed data) raises before anything is written to work_dir. With
@@ -358,7 +359,7 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
     identity = run_identity(recipe)
     rid = run_id(identity)
     ckpt_root = Path(recipe["work_dir"]) / "checkpoints"
-    previous = claim_work_dir(Path(recipe["work_dir"]), identity, resume, overwrite)
+    previous = None if data_only else claim_work_dir(Path(recipe["work_dir"]), identity, resume, overwrite)
     t, d = recipe["train"], recipe["draft"]
     if t["num_threads"]:
         torch.set_num_threads(int(t["num_threads"]))
@@ -391,20 +392,24 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False) -> Path:
     size = d["draft_vocab_size"]
     if size is not None and not 0 < size <= vocab_size:
         raise ValueError(f"draft.draft_vocab_size={size} must be in 1..{vocab_size} (the target vocabulary)")
-    init = load_init_draft(d["init_from"], target) if d["init_from"] else None
+    # data_only: the data does not depend on the draft, which a later stage's data may be prepared before
+    init = load_init_draft(d["init_from"], target) if d["init_from"] and not data_only else None
     arch = draft_config_overrides(recipe)  # e.g. fc_norm: Eagle3Config keys of the recipe's draft section
     for key, value in arch.items() if init is not None else ():
         if getattr(init.config, key, None) != value:
             raise ValueError(f"draft.{key}={value!r} changes the architecture of draft.init_from ({d['init_from']} has "
                              f"{getattr(init.config, key, None)!r}): a continued draft keeps its own; remove the key, or "
                              "train a new draft (no init_from).")
-    earlier = earlier_stages(d["init_from"]) if d["init_from"] else []  # read now: output_dir may be init_from
+    earlier = earlier_stages(d["init_from"]) if init is not None else []  # read now: output_dir may be init_from
     if init is not None and not d["reselect_vocab"] and size != init.config.draft_vocab_size and accelerator.is_main_process:
         print(f"[vocab] draft.init_from keeps its own vocabulary of {init.config.draft_vocab_size} tokens "
               f"(draft.draft_vocab_size={size} is not used; draft.reselect_vocab: true chooses a new one)")
 
     # ---- data (cached in work_dir/data) and the draft vocabulary
     train_ds, eval_ds = prepare_data(recipe, target, tokenizer, accelerator)
+    if data_only:
+        accelerator.print(f"[data] {len(train_ds)} train and {len(eval_ds)} held-out samples in {work / 'data'}")
+        return work / "data"
     init_ids = init.draft_to_target_ids(torch.arange(init.config.draft_vocab_size, device=init.d2t.device)) if init is not None else None
     vocab_ids, vocab_info = prepare_vocab(recipe, train_ds, tokenizer, vocab_size, draft_ids=init_ids,
                                           reselect=d["reselect_vocab"], write=accelerator.is_main_process)
@@ -635,9 +640,10 @@ def export_draft(model, out_dir: Path, metrics: dict | None = None, state_dict: 
 
 
 def train_recipe(config: str | None, overrides: dict | None = None, resume: bool = False, overwrite: bool = False,
-                 from_stage: int = 1):
+                 from_stage: int = 1, data_only: bool = False):
     """Train every stage of a recipe file in turn (``--resume`` skips the stages that finished in their work_dir).
-    ``from_stage`` N starts at stage N, continuing the draft that stage N - 1 wrote (a shipped draft, say).
+    ``from_stage`` N starts at stage N, continuing the draft that stage N - 1 wrote (a shipped draft, say);
+    ``data_only`` prepares each stage's data and trains nothing.
 
     Raises ``ValueError`` / ``DataError`` / ``OSError`` for bad input, ``HubPushError`` when the final upload fails
     (the draft is saved by then)."""
@@ -645,7 +651,7 @@ def train_recipe(config: str | None, overrides: dict | None = None, resume: bool
     chain = load_stages(load_recipe(config, overrides), overrides)
     for stage in chain:
         check_recipe(stage)
-    if from_stage > 1:
+    if from_stage > 1 and not data_only:
         check_stage_start(chain, from_stage)
     names = [config] + [st if isinstance(st, str) else f"{config} stage {i}"
                         for i, st in enumerate(chain[0]["stages"], start=2)]
@@ -654,6 +660,9 @@ def train_recipe(config: str | None, overrides: dict | None = None, resume: bool
             continue
         if len(chain) > 1:
             print(f"[stages] stage {i}/{len(chain)}: {name}", flush=True)
+        if data_only:
+            train(recipe, data_only=True)
+            continue
         if resume and finished_run(recipe):
             print(f"[resume] {name} finished earlier ({Path(recipe['work_dir']) / FINISHED}): skipped; "
                   "run with --overwrite instead of --resume to train it again", flush=True)
