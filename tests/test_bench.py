@@ -561,3 +561,30 @@ def test_a_base_models_prompts_are_rendered_as_its_recipe_trains_them(smollm2_to
     text = tok.apply_chat_template([{"role": "user", "content": "Write a haiku about rain."}], tokenize=False)
     assert ids[0].tolist() == tok(text, add_special_tokens=False).input_ids
     assert text.endswith("rain.\n") and not text.endswith("\n\n")
+
+
+def test_drafts_compared_in_one_run_decode_the_same_questions_as_tree_methods(tiny, tmp_path):
+    from eagle3_hub import Eagle3DraftModel
+    from eagle3_hub.benchmark.bench import compare_draft_names
+
+    target, tok = tiny
+    drafts = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        d = Eagle3DraftModel.from_target(target).eval()
+        d.bind(target)
+        drafts.append(d)
+    calls = [0, 0]
+    for i, d in enumerate(drafts):
+        d.fc.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
+    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), methods=["tree"], draft=drafts[0],
+                        compare_drafts={"other": drafts[1]}, max_new_tokens=12, warmup=0, progress=False)
+    assert res["settings"]["methods"] == ["plain", "tree", "tree@other"]
+    assert all(res["lossless"][m]["lossless"] and res["lossless"][m]["turns"] == 2 for m in ("tree", "tree@other"))
+    rows = {r["method"]: r for r in res["results"] if r["suite"] == "mt_bench"}
+    assert rows["tree@other"]["mean_acceptance_length"] >= 1 and calls[0] > 0 and calls[1] > 0  # each its own draft
+    with pytest.raises(ValueError, match="add tree to --methods"):
+        run_benchmark(target, tok, _suite(tmp_path, n=1, turns=1), methods=["plain"], compare_drafts={"x": drafts[1]},
+                      max_new_tokens=4, progress=False)
+    assert compare_draft_names(["runs/a/draft", "runs/b/draft", "user/my-draft"]) == {
+        "draft": "runs/a/draft", "draft-2": "runs/b/draft", "my-draft": "user/my-draft"}

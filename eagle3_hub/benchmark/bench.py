@@ -216,6 +216,8 @@ class BenchContext:
     assistant: torch.nn.Module | None = None
     assistant_tokenizer: object = None
     lookup_tokens: int = 10
+    # more drafts for the same target, each run as its own tree method (`tree@NAME`) on the same questions
+    compare_drafts: dict = field(default_factory=dict)
 
 
 def build_methods(
@@ -271,12 +273,12 @@ def build_methods(
             from ..generation.tree import generate as tree_generate
 
             grid = tree_grid or [{}]
-            for params in grid:
-                label = "tree" if len(grid) == 1 else tree_label(params)
+            for (name, tree_draft), params in itertools.product([(None, ctx.draft), *ctx.compare_drafts.items()], grid):
+                label = ("tree" if len(grid) == 1 else tree_label(params)) + (f"@{name}" if name else "")
 
-                def run_tree(ids, mask, gc, params=params):
+                def run_tree(ids, mask, gc, params=params, tree_draft=tree_draft):
                     out = tree_generate(
-                        target, ctx.draft, ids, attention_mask=mask, max_new_tokens=gc.max_new_tokens,
+                        target, tree_draft, ids, attention_mask=mask, max_new_tokens=gc.max_new_tokens,
                         do_sample=gc.do_sample, temperature=gc.temperature if gc.do_sample else 1.0,
                         top_k=(gc.top_k or 0) if gc.do_sample else 0, top_p=gc.top_p if gc.do_sample else 1.0,
                         eos_token_id=gc.eos_token_id, tokenizer=ctx.tokenizer,
@@ -591,13 +593,15 @@ def run_benchmark(
     max_turns: int | None = None,
     float32_check: bool = True,
     batch_sizes: list[int] = (1,),
+    compare_drafts: dict | None = None,
 ) -> dict:
     """Run every method on every question of every suite (interleaved) and return the results dict that
     ``report.write_report`` renders. ``target``/``draft`` must already sit on their device and dtype.
     ``float32_check``: in bf16/fp16, score every greedy output with a float32 copy of the target (``near_ties``),
     which needs memory for that copy once the runs are done. ``batch_sizes``: also run the questions of each suite in
     left-padded batches of these sizes (the methods that take batches: plain, same_forward, tree); every speed-up
-    compares methods at the same batch size."""
+    compares methods at the same batch size. ``compare_drafts``: {name: draft}, more drafts of the same target run
+    as tree methods ``tree@name`` beside ``draft``'s, on the same questions in the same run."""
     methods = list(dict.fromkeys(methods))
     if "plain" not in methods:
         methods.insert(0, "plain")  # speed-ups are relative to plain decoding in the same run
@@ -608,7 +612,9 @@ def run_benchmark(
     modes = modes or [Mode()]
     device = next(target.parameters()).device
     dtype = next(target.parameters()).dtype
-    ctx = BenchContext(target, tokenizer, draft, assistant, assistant_tokenizer, lookup_tokens)
+    if compare_drafts and "tree" not in methods:
+        raise ValueError("Drafts to compare run as tree methods: add tree to --methods.")
+    ctx = BenchContext(target, tokenizer, draft, assistant, assistant_tokenizer, lookup_tokens, dict(compare_drafts or {}))
     method_objs = build_methods(methods, ctx, tree_grid)
     runner = TurnRunner(ctx, device)
     records: list[TurnRecord] = []
@@ -820,6 +826,19 @@ def resolve_draft(draft: str | None, target: str | None, methods: list[str]) -> 
         raise ValueError(f"{e} Or run only --methods plain,lookup.") from None
 
 
+def load_draft_for(target_model, draft_path: str, device: torch.device, dtype: torch.dtype,
+                   assistant_tokens: int | None = None):
+    """An EAGLE-3 draft (safetensors only) on ``device``/``dtype``, bound to ``target_model``."""
+    from ..modeling_eagle3 import Eagle3DraftModel
+
+    draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device)
+    draft.eval().requires_grad_(False)
+    draft.bind(target_model)
+    if assistant_tokens:
+        draft.generation_config.num_assistant_tokens = assistant_tokens
+    return draft
+
+
 def load_models(target: str | None, draft_path: str | None, device: torch.device, dtype: torch.dtype,
                 assistant_model: str | None = None, assistant_tokens: int | None = None,
                 allow_pickle: bool = False):
@@ -833,13 +852,7 @@ def load_models(target: str | None, draft_path: str | None, device: torch.device
     target_model, tokenizer = load_target(target, dtype=dtype, device=device, allow_pickle=allow_pickle)
     draft = None
     if draft_path is not None:
-        from ..modeling_eagle3 import Eagle3DraftModel
-
-        draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device)
-        draft.eval().requires_grad_(False)
-        draft.bind(target_model)
-        if assistant_tokens:
-            draft.generation_config.num_assistant_tokens = assistant_tokens
+        draft = load_draft_for(target_model, draft_path, device, dtype, assistant_tokens)
     assistant = assistant_tok = None
     if assistant_model:
         from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -851,3 +864,15 @@ def load_models(target: str | None, draft_path: str | None, device: torch.device
         if assistant_tokens:
             assistant.generation_config.num_assistant_tokens = assistant_tokens
     return target_model, tokenizer, draft, assistant, assistant_tok
+
+
+def compare_draft_names(paths: list[str]) -> dict[str, str]:
+    """{label: path} for ``--compare-draft`` paths: the folder or repo name, numbered where two share one."""
+    names: dict[str, str] = {}
+    for path in paths:
+        base = re.sub(r"[^\w.-]", "_", str(path).rstrip("/").split("/")[-1]) or "draft"
+        name, i = base, 2
+        while name in names:
+            name, i = f"{base}-{i}", i + 1
+        names[name] = path
+    return names

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -18,7 +19,7 @@ def _fmt(x, spec: str, missing: str = "–") -> str:
 
 def row_sort_key(row: dict) -> tuple:
     """Suites in name order, 'all suites' last; greedy first; methods from plain to tree."""
-    kind = row["method"].split("[")[0]
+    kind = re.split(r"[\[@]", row["method"])[0]  # tree[depth=3], tree@other-draft: tree
     return (
         row["suite"] == "_all",
         row["suite"],

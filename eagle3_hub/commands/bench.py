@@ -20,6 +20,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     g = parser.add_argument_group("models")
     g.add_argument("--target", default=None, help="target: Hub id, folder or .gguf (default: the embedded SmolLM2-135M-Instruct)")
     g.add_argument("--draft", default=None, help="EAGLE-3 draft: Hub id or folder (default with the embedded target: the reference draft)")
+    g.add_argument("--compare-draft", action="append", default=[], metavar="DRAFT",
+                   help="another EAGLE-3 draft of the same target (Hub id or folder; repeatable): runs as tree method "
+                        "tree@NAME beside --draft's, on the same questions in the same run")
     g.add_argument("--assistant-model", default=None, help="also run any small causal LM (Hub id or folder) as a classic assistant")
     g.add_argument("--allow-pickle", action="store_true",
                    help="also load a target or --assistant-model stored as pickles (pytorch_model.bin); loading a pickle can "
@@ -100,16 +103,19 @@ def _check_numbers(args):
 
 
 def run(args) -> int:
-    from ..benchmark.bench import Mode, load_models, resolve_draft, run_benchmark
+    from ..benchmark.bench import Mode, compare_draft_names, load_draft_for, load_models, resolve_draft, run_benchmark
     from ..benchmark.report import print_report, write_report
     from ..benchmark.suites import load_suites
     from ..devices import resolve_device_dtype
     from ..targets import check_model_path
 
     _check_numbers(args)
-    for spec, what in ((args.target, "Target"), (args.draft, "Draft"), (args.assistant_model, "Assistant model")):
+    for spec, what in ((args.target, "Target"), (args.draft, "Draft"), (args.assistant_model, "Assistant model"),
+                       *((p, "Draft to compare") for p in args.compare_draft)):
         check_model_path(spec, what)
     methods = methods_from_args(args)
+    if args.compare_draft and "tree" not in methods:
+        raise ValueError("--compare-draft runs each draft as a tree method: add tree to --methods")
     if args.sweep and not args.trees:
         for key, default in SWEEP_DEFAULTS.items():
             if getattr(args, key) is None:
@@ -132,16 +138,19 @@ def run(args) -> int:
         args.target, draft_path, device, dtype, assistant_model=args.assistant_model,
         assistant_tokens=args.assistant_tokens, allow_pickle=args.allow_pickle,
     )
+    compared = {name: load_draft_for(target, path, device, dtype)
+                for name, path in compare_draft_names(args.compare_draft).items()}
     results = run_benchmark(
         target, tokenizer, suites, methods=methods, draft=draft, assistant=assistant,
         assistant_tokenizer=assistant_tok, modes=modes, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
         tree_grid=grid, lookup_tokens=args.lookup_tokens, warmup=args.warmup, seed=args.seed,
         progress=not args.quiet, keep_outputs=args.save_outputs, float32_check=not args.no_float32_check,
-        batch_sizes=batch_sizes,
+        batch_sizes=batch_sizes, compare_drafts=compared,
     )
     results["settings"].update(
         target=args.target or "smollm2-135m-instruct",
         draft=draft_path,
+        compare_drafts=compare_draft_names(args.compare_draft),
         assistant_model=args.assistant_model,
     )
     paths = write_report(results, args.out, chart=not args.no_chart)
