@@ -420,6 +420,7 @@ def training_info_from_metrics(metrics: dict) -> dict:
         "optimizer": f"AdamW, betas {train['betas']}, warm-up {train.get('warmup_steps')} steps, grad clip {train.get('grad_clip')}" if train.get("betas") else None,
         "training-time-test steps": train.get("ttt_steps"),
         "step weight": train.get("step_weight"),
+        "objective": _objective(train.get("loss"), train.get("lk_eta")),
         "LoRA": f"r={recipe['lora']['r']}, alpha={recipe['lora']['alpha']}" if (recipe.get("lora") or {}).get("enabled") else None,
     }
     earlier = metrics.get("earlier_stages") or []
@@ -435,10 +436,26 @@ def training_info_from_metrics(metrics: dict) -> dict:
             info["eval: expected acceptance length"] = round(float(last["expected_acceptance_length"]), 3)
         if last.get("step_accuracy"):
             info["eval: accuracy per draft step"] = " / ".join(f"{a:.2f}" for a in last["step_accuracy"])
+        if last.get("expected_acceptance_length_sampled") is not None:
+            info["eval: expected acceptance length at T=1"] = round(float(last["expected_acceptance_length_sampled"]), 3)
         first = history[0]
         if earlier and first.get("step") == 0 and first.get("expected_acceptance_length") is not None:
-            info["eval: the draft it continued (step 0)"] = round(float(first["expected_acceptance_length"]), 3)
+            sampled = first.get("expected_acceptance_length_sampled")
+            greedy = round(float(first["expected_acceptance_length"]), 3)
+            info["eval: the draft it continued (step 0)"] = (
+                greedy if sampled is None else f"{greedy} ({round(float(sampled), 3)} at T=1)")
     return {k: v for k, v in info.items() if v not in (None, [], "")}
+
+
+def _objective(loss, lk_eta) -> str | None:
+    """The training objective in words (``train.loss``): None for the default KL, which needs no row."""
+    if loss in (None, "kl"):
+        return None
+    if loss == "lk_hybrid":
+        return f"lk_hybrid: KL blended into 1 - acceptance (sum min(p, q)) as the draft improves (lk_eta {lk_eta})"
+    if isinstance(loss, dict):
+        return " + ".join(f"{w} {name}" for name, w in loss.items())
+    return {"lk": "lk: 1 - acceptance (sum min(p, q))", "lk_log": "lk_log: -log acceptance"}.get(loss, str(loss))
 
 
 # ----------------------------------------------------------------------------------------- the card

@@ -209,6 +209,16 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     assert "| earlier training | 440 steps x 4 on 1288 conversations (62 min) |" in card.text
     assert "| optimizer steps, all stages | 560 |" in card.text
     assert "| eval: the draft it continued (step 0) | 1.5 |" in card.text and "| eval: expected acceptance length | 1.8 |" in card.text
+    assert "| objective |" not in card.text  # the default KL
+    # trained on acceptance: the objective and the acceptance at T=1 are on the card
+    recipe["train"]["loss"] = "lk_hybrid"
+    metrics["eval_history"][0]["expected_acceptance_length_sampled"] = 1.3
+    metrics["eval_history"][-1]["expected_acceptance_length_sampled"] = 1.6
+    (draft / "training_metrics.json").write_text(json.dumps(metrics))
+    card = ModelCard.load(write_model_card(draft))
+    assert "| objective | lk_hybrid: KL blended into 1 - acceptance (sum min(p, q)) as the draft improves (lk_eta 3.0) |" in card.text
+    assert "| eval: expected acceptance length at T=1 | 1.6 |" in card.text
+    assert "| eval: the draft it continued (step 0) | 1.5 (1.3 at T=1) |" in card.text
 
 
 # ----------------------------------------------------------------------------------------- push

@@ -33,7 +33,7 @@ def test_the_reference_recipe_holds_every_stage_and_its_last_is_the_shipped_draf
     monkeypatch.chdir(ROOT)
     assert not list((ROOT / "recipes").glob("smollm2-135m-instruct-*.yaml"))  # one recipe per target
     chain = load_stages(load_recipe("recipes/smollm2-135m-instruct.yaml"))
-    assert len(chain) == 11
+    assert len(chain) == 12
     shipped = json.loads((ROOT / "eagle3_hub/reference_draft/smollm2-135m-instruct/training_metrics.json").read_text())
     last, trained = chain[-1], shipped["recipe"]
     assert last["output_dir"] == "eagle3_hub/reference_draft/smollm2-135m-instruct"

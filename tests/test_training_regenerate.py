@@ -154,3 +154,10 @@ def test_the_recipe_keys_and_their_defaults():
     assert data["regenerate_with"] == "auto" and data["regenerate_draft"] is None
     over = parse_overrides(["--data.regenerate_with", "tree", "--data.regenerate_draft", "runs/x/draft"])
     assert load_recipe(None, over)["data"]["regenerate_draft"] == "runs/x/draft"
+
+
+def test_data_that_needed_no_generation_names_no_decoder(tmp_path, tiny_pair, data_dir):
+    target, tok, draft = tiny_pair
+    src = {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4, "regenerate": False}
+    ds = build_conversations([src], target, tok, tmp_path / "kept", regenerate_with="auto", regenerate_draft=draft)
+    assert len(ds) == 4 and not (tmp_path / "kept" / GENERATION_REPORT).exists()

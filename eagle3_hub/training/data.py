@@ -586,15 +586,18 @@ def _fitting_draft(path: str, target, quiet: bool):
 
 
 def _record_calls(path: Path, calls: dict[str, dict], regenerate_with: str, draft: str | None) -> None:
-    """Append the calls that generated something to the generation report (a rerun from the caches adds nothing)."""
+    """Append the calls that generated something to the generation report. A rerun from the caches, or data that
+    needed no generation, adds nothing: the report names a decoder only when it wrote something."""
+    new = {cache: call for cache, call in calls.items() if call.get("samples")}
+    if not new:
+        return
     try:
         log = json.loads(path.read_text())
     except (OSError, ValueError):
         log = {}
     log.update({"regenerate_with": regenerate_with, "draft": draft})
-    for cache, call in calls.items():
-        if call.get("samples"):
-            log.setdefault("calls", {}).setdefault(cache, []).append(call)
+    for cache, call in new.items():
+        log.setdefault("calls", {}).setdefault(cache, []).append(call)
     atomic_write_json(path, log)
 
 
