@@ -476,7 +476,8 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     ``regenerate_with`` / ``regenerate_draft`` / ``target_name``: the recipe's ``data.regenerate_with``,
     ``data.regenerate_draft`` and ``target.name`` (see ``regeneration_draft``). ``tree`` decodes every call with
     the draft; ``auto`` the greedy ones only (answers at temperature 0), where it writes the same tokens as
-    ``generate``: sampled calls (prompt synthesis) stay on ``generate``, so that a seed keeps its prompts. The decoder
+    ``generate``, and on a CPU as ``same_forward`` (faster for batches); sampled calls (prompt synthesis) stay on
+    ``generate``, so that a seed keeps its prompts. The decoder
     and speed of every call that generated something are appended to ``work_dir/generation_report.json``.
 
     A source given as ``{path, regenerate: false}`` keeps its answers whatever ``regenerate_responses`` says:
@@ -485,6 +486,11 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     which samples may."""
     work_dir = Path(work_dir)
     draft_path = regeneration_draft(regenerate_with, regenerate_draft, target_name)
+    setting = regenerate_with  # what the report names; each call records the decoder it ran
+    if regenerate_with == "auto" and target.device.type == "cpu":
+        # batched data on a CPU: a tree verifies rows x nodes tokens per step, slower than one token per row
+        # (benchmarks/smollm2-135m-instruct/regeneration); the same forward writes the same greedy tokens fastest
+        regenerate_with, draft_path = SAME_FORWARD, None
     loaded: dict = {}
     calls: dict[str, dict] = {}  # cache file name -> its call's decoder and speed
 
@@ -565,7 +571,7 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
                               draft=draft_for(temperature), report=calls.setdefault(f"regen-{key}.jsonl", {})))
     if kept:
         out.append(clean(kept))
-    _record_calls(work_dir / GENERATION_REPORT, calls, regenerate_with, draft_path)
+    _record_calls(work_dir / GENERATION_REPORT, calls, setting, draft_path)
     ds = out[0] if len(out) == 1 else dedupe(concatenate_datasets(out)).shuffle(seed=seed).flatten_indices()
     return ds.add_column("eval_ok", [prompt_key(m) not in trained_before for m in ds["messages"]])
 

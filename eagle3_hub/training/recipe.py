@@ -32,7 +32,8 @@ DEFAULTS: dict = {
         "synthesize_openers": [],  # words that start the synthesised prompts, in turn (steer the kinds of request)
         "regenerate": True,  # answer every prompt with the target (a draft must learn the target's distribution)
         # how the target writes answers and synthesised prompts: generate (plain target.generate), tree (lossless tree
-        # decoding with regenerate_draft) or auto (tree for greedy answers where there is a draft, else generate;
+        # decoding with regenerate_draft), same_forward, or auto (greedy answers: same_forward on a CPU, elsewhere tree
+        # where there is a draft, else generate;
         # sampled prompt synthesis stays on generate so that a seed keeps its prompts). Greedy tree decoding writes
         # plain greedy's tokens (float32) in fewer target forwards; work_dir/data/generation_report.json records
         # which decoder wrote the data and its tokens per second and per CPU-minute
