@@ -30,7 +30,7 @@ from transformers import AutoTokenizer, DynamicCache
 
 from eagle3_hub import Eagle3DraftModel
 from eagle3_hub.devices import cpu_has_bf16_units
-from eagle3_hub.targets import load_target, reference_draft, resolve_target
+from eagle3_hub.targets import load_target, resolve_target
 from eagle3_hub.training import features as features_module
 from eagle3_hub.training.data import (
     PRESETS,
@@ -974,9 +974,8 @@ def test_short_real_run_on_smollm2(tmp_path, smollm2):
     assert data == {"samples": 8, "truncated": 0, "dropped_no_loss_tokens": 0, "kept": 8, "eval_candidates": 8, "train": 7, "eval": 1}
     calls = [c for file_calls in generation["calls"].values() for c in file_calls]
     assert generation["regenerate_with"] == "auto" and sum(c["samples"] for c in calls) == 8
-    if (reference_draft() / "config.json").is_file():  # greedy answers, a shipped draft: tree decoding with it
-        assert generation["draft"] == str(reference_draft())
-        assert {(c["decoder"], c["draft"]) for c in calls} == {("tree", str(reference_draft()))}
+    # greedy answers on a CPU: plain decoding through the same forward, faster for batches than a tree
+    assert generation["draft"] is None and {(c["decoder"], c["draft"]) for c in calls} == {("same_forward", None)}
     assert metrics["vocab"]["coverage"] == 1.0 and metrics["acceptance"]["step"] == 3
     assert len(metrics["acceptance"]["step_accuracy"]) == 3
     config = json.loads((out / "config.json").read_text())
