@@ -147,7 +147,7 @@ def write_foreign(draft, folder: Path, layout: str, with_embedding: bool = False
 def test_native_folder_holds_weights_code_and_engine_keys(native, draft):
     files = sorted(p.name for p in native.iterdir())
     assert "model.safetensors" in files and not [f for f in files if f.endswith((".bin", ".pt", ".pth"))]
-    package = Path(formats.__file__).parent
+    package = Path(formats.__file__).parent.parent  # eagle3_hub/: formats is a package inside it
     for name in formats.CODE_FILES:
         assert (native / name).read_text() == (package / name).read_text()
     from eagle3_hub.generation.tree_decoding import write_custom_generate  # owned by tree decoding: same files
