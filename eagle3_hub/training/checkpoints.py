@@ -26,8 +26,10 @@ from ..atomic import atomic_write_json
 RUN_FILE = "run.json"  # in work_dir: the identity of the run whose checkpoints are there
 STATE_FILE = "trainer_state.json"  # in a checkpoint: written last, so its presence marks the checkpoint whole
 FINISHED = "finished.json"  # in work_dir: written last, by a run that completed
-# what an older run leaves in work_dir besides its caches (data, features, vocab.json are keyed and checked on reuse)
-RUN_OUTPUTS = ("checkpoints", RUN_FILE, FINISHED, "eval_metrics.json", "tensorboard")
+DRAFT_DIR = "draft"  # in work_dir: where a run writes its draft unless output_dir says otherwise
+# what an older run leaves in work_dir besides its caches (data, features, vocab.json are keyed and checked on reuse);
+# its draft goes with it, so that a push of this work_dir's draft never publishes the older run's weights
+RUN_OUTPUTS = ("checkpoints", RUN_FILE, FINISHED, "eval_metrics.json", "tensorboard", DRAFT_DIR)
 # recipe keys that do not change what a run computes
 _NOT_IDENTITY = {
     None: ("work_dir", "output_dir", "push_to_hub", "private", "stages"),
@@ -179,6 +181,13 @@ def claim_work_dir(work: Path, identity: dict, resume: bool, overwrite: bool) ->
     if resume and not foreign:
         return None
     if overwrite:
+        init = (identity.get("draft") or {}).get("init_from")
+        for name in _run_drafts(work):
+            if init and Path(init).resolve() == (work / name).resolve():
+                raise ValueError(
+                    f"--overwrite moves the run in {work} aside, its draft {work / name} included, but this recipe "
+                    f"continues that draft (draft.init_from: {init}): copy it out of {work} and point draft.init_from "
+                    "there, or give another work_dir.")
         return str(work / f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         recorded = json.loads((work / RUN_FILE).read_text())
@@ -198,11 +207,31 @@ def claim_work_dir(work: Path, identity: dict, resume: bool, overwrite: bool) ->
         + f"pass --overwrite to move that run aside to {work}/previous-<time>, or give another work_dir.")
 
 
+def _run_drafts(work: Path) -> list[str]:
+    """The names of the draft folders an older run wrote inside ``work``: ``draft`` and the ``output_dir`` its
+    finished marker records, when that lies in ``work`` (a draft written elsewhere is not the work_dir's)."""
+    names = [DRAFT_DIR]
+    try:
+        out = json.loads((work / FINISHED).read_text()).get("output_dir")
+    except (OSError, ValueError, AttributeError):
+        out = None
+    if out:
+        try:
+            rel = Path(out).resolve().relative_to(work.resolve())
+        except ValueError:
+            rel = None
+        if rel is not None and len(rel.parts) == 1 and rel.parts[0] not in names:
+            names.append(rel.parts[0])
+    return [n for n in names if (work / n).exists()]
+
+
 def move_aside(work: Path, dest: str) -> None:
-    """Move an older run's checkpoints, identity, logs and finished marker from ``work`` into ``dest``."""
+    """Move an older run whole from ``work`` into ``dest``: checkpoints, identity, logs, finished marker and the
+    draft it wrote in ``work`` (renames only; nothing is deleted)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for name in RUN_OUTPUTS:
+    names = [*(n for n in RUN_OUTPUTS if n != DRAFT_DIR), *_run_drafts(work)]
+    for name in names:
         if (work / name).exists():
             os.replace(work / name, dest / name)
     print(f"[work_dir] the run that was in {work} moved to {dest}")
