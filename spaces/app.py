@@ -1,6 +1,6 @@
 """Hugging Face Space entry point for the EAGLE-3 side-by-side speed demo.
 
-The UI lives in ``eagle3_hub/demo.py`` (also behind ``eagle3-hub demo``); this file only points it at the model pairs
+The UI lives in ``eagle3_hub/demo/`` (also behind ``eagle3-hub demo``); this file only points it at the model pairs
 next to it. Build the folder to push with ``eagle3-hub demo --export-space DIR``: it adds a wheel of eagle3-hub and
 the requirements.txt of its dependencies. Locally: ``python spaces/app.py [--draft PATH] [--port 7860]``.
 """

@@ -1,4 +1,4 @@
-"""The side-by-side speed demo (eagle3_hub/demo.py, spaces/).
+"""The side-by-side speed demo (eagle3_hub/demo/, spaces/).
 
 Without a browser: request validation, the turn-taking clock, token highlighting text, model-pair config, a
 race on the real SmolLM2 target, and the Gradio queue with several clients at once (gradio_client).

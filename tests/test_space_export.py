@@ -35,7 +35,7 @@ def test_export_writes_a_self_sufficient_folder(space):
     with zipfile.ZipFile(space / wheel) as zf:
         inside = set(zf.namelist())
     # the package with what the demo loads at run time: the reference draft and the bundled questions
-    assert "eagle3_hub/demo.py" in inside and "eagle3_hub/commands/demo.py" in inside
+    assert "eagle3_hub/demo/racing.py" in inside and "eagle3_hub/commands/demo.py" in inside
     assert "eagle3_hub/reference_draft/smollm2-135m-instruct/model.safetensors" in inside
     assert "eagle3_hub/benchmark/data/mt_bench.jsonl" in inside
     # requirements: the wheel's dependencies from PyPI, no guessed URL, no line the Space builder cannot resolve
