@@ -174,3 +174,62 @@ def test_auto_on_a_cpu_answers_through_the_same_forward_and_samples_prompts_with
     (regen,) = [c for name, c in report["calls"].items() if name.startswith("regen-")]
     assert regen[0]["decoder"] == "same_forward"
     assert report["calls"]["synth-seed0.jsonl"][0]["decoder"] == "generate"
+
+
+def test_sampled_answers_mix_settings_by_share_and_resume_to_the_same_data(tmp_path, tiny_pair, data_dir):
+    """data.answer_sampling: each prompt answered at one setting (drawn by its text and the seed), sampled batches
+    seeded, so a run killed after its first batch resumes to what an uninterrupted run writes."""
+    target, tok, _ = tiny_pair
+    sources = [str(data_dir / "prompts.json"), {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4}]
+    sampling = [{"temperature": 0}, {"temperature": 1.0, "top_p": 0.9, "share": 2}]
+    kw = dict(target=target, tokenizer=tok, max_new_tokens=10, batch_size=2, regenerate_with="same_forward",
+              answer_sampling=sampling)
+    whole = build_conversations(sources, work_dir=tmp_path / "whole", **kw)
+    (cache,) = (tmp_path / "whole").glob("regen-*.jsonl")
+    recs = [json.loads(line) for line in open(cache)]
+    tags = [r["sampling"] for r in recs]
+    assert set(tags) == {"greedy", "T=1,top_p=0.9"} and {r["by"] for r in recs} == {"same_forward"}
+    # a sample's setting follows its prompt (its text and the seed), not its place in the data or a batch
+    from eagle3_hub.training.data import answer_settings, assign_setting, prompt_key
+    settings = answer_settings(sampling)
+    assert all(settings[assign_setting(settings, prompt_key(r["messages"]), 0)].tag == r["sampling"] for r in recs)
+    # kill after the first batch: keep its lines only, then rerun
+    (tmp_path / "resumed").mkdir()
+    first = recs[:2]
+    (tmp_path / "resumed" / cache.name).write_text("".join(json.dumps(r) + "\n" for r in first))
+    resumed = build_conversations(sources, work_dir=tmp_path / "resumed", **kw)
+    assert list(resumed["messages"]) == list(whole["messages"])
+    # greedy answers are plain greedy's; the sampled ones are not all the same as greedy's
+    greedy = build_conversations(sources, work_dir=tmp_path / "greedy", target=target, tokenizer=tok,
+                                 max_new_tokens=10, batch_size=2, regenerate_with="same_forward")
+    greedy_by_prompt = {json.dumps(ex["messages"][0]): ex["messages"] for ex in greedy}
+    for r in recs:
+        same = greedy_by_prompt[json.dumps(r["messages"][0])] == r["messages"]
+        if r["sampling"] == "greedy":
+            assert same
+    assert not all(greedy_by_prompt[json.dumps(r["messages"][0])] == r["messages"] for r in recs
+                   if r["sampling"] != "greedy")
+
+
+def test_sampled_answers_of_kept_prompts_stay_beside_their_greedy_answers(tmp_path, tiny_pair, data_dir):
+    target, tok, _ = tiny_pair
+    kept = {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4, "regenerate": False}
+    again = {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4, "regenerate": True}
+    kw = dict(target=target, tokenizer=tok, max_new_tokens=10, batch_size=4, regenerate_with="same_forward")
+    greedy_only = build_conversations([kept, again], work_dir=tmp_path / "g", **kw)
+    sampled = build_conversations([kept, again], work_dir=tmp_path / "s",
+                                  answer_sampling=[{"temperature": 1.0, "top_p": 0.9}], **kw)
+    assert len(greedy_only) == 4  # one answer per prompt, as before
+    assert len(sampled) == 8  # the kept answers and the sampled ones
+
+
+@pytest.mark.parametrize("bad, says", [
+    ({"temperature": -1}, "temperature >= 0"),
+    ({"temperature": 1, "top_p": 0}, "0 < top_p <= 1"),
+    ({"temperature": "hot"}, "temperature must be a number"),
+    ({"temp": 1}, "mapping of temperature, top_p and share"),
+])
+def test_bad_answer_sampling_is_named(bad, says):
+    from eagle3_hub.training.data import DataError, answer_settings
+    with pytest.raises(DataError, match=says):
+        answer_settings([bad])

@@ -14,6 +14,7 @@ import hashlib
 import inspect
 import json
 import os
+import random
 import re
 import time
 from contextlib import contextmanager
@@ -130,12 +131,12 @@ def prompt_key(messages: list[dict]) -> str:
     return hashlib.sha1(" ".join(first.split()).lower().encode()).hexdigest()
 
 
-def dedupe(ds: Dataset) -> Dataset:
-    """Drop samples whose first user turn was seen before."""
+def dedupe(ds: Dataset, whole: bool = False) -> Dataset:
+    """Drop samples whose first user turn was seen before (``whole``: whose whole conversation was)."""
     seen = set()
 
     def keep(ex):
-        key = prompt_key(ex["messages"])
+        key = prompt_key(ex["messages"]) if not whole else hashlib.sha1(json.dumps(ex["messages"]).encode()).hexdigest()
         if key in seen:
             return False
         seen.add(key)
@@ -257,9 +258,10 @@ def contiguous_head_input(target):
 @torch.no_grad()
 def _generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_tokens: int, temperature: float,
                     add_generation_prompt: bool = True, raw_prefixes: list[str] | None = None, draft=None,
-                    speed: GenerationSpeed | None = None) -> list[str]:
+                    speed: GenerationSpeed | None = None, top_p: float = 0.95, seed: int | None = None) -> list[str]:
     """The target's continuations of a batch (left-padded): plain ``generate``, tree decoding with ``draft``, or
-    plain decoding through tree decoding's verifier (``draft=SAME_FORWARD``)."""
+    plain decoding through tree decoding's verifier (``draft=SAME_FORWARD``). ``seed``: the draws of a sampled
+    batch (torch's global generator otherwise)."""
     if raw_prefixes is not None:
         texts = raw_prefixes
     else:
@@ -267,23 +269,27 @@ def _generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_
     tokenizer.padding_side = "left"
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
     sample = temperature > 0
+    generator = None
+    if sample and seed is not None:
+        torch.manual_seed(seed)  # generate and tree decoding draw from the global generator
+        generator = torch.Generator(device=target.device).manual_seed(seed)
     wall, cpu = time.perf_counter(), time.process_time()
     if draft is None:
         with contiguous_head_input(target):
             out = target.generate(
                 **enc, max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature or None,
-                top_p=0.95 if sample else None, pad_token_id=tokenizer.pad_token_id,
+                top_p=top_p if sample else None, pad_token_id=tokenizer.pad_token_id,
             )
         stats, forwards = None, out.shape[1] - enc.input_ids.shape[1]
     elif draft == SAME_FORWARD:
         out, sf = same_forward_generate(target, enc.input_ids, max_new_tokens, attention_mask=enc.attention_mask,
                                         do_sample=sample, temperature=temperature if sample else 1.0,
-                                        top_p=0.95 if sample else 1.0, eos_token_id=sorted(_eos_ids(target, tokenizer)),
-                                        pad_token_id=tokenizer.pad_token_id)
+                                        top_p=top_p if sample else 1.0, eos_token_id=sorted(_eos_ids(target, tokenizer)),
+                                        pad_token_id=tokenizer.pad_token_id, generator=generator)
         stats, forwards = None, sf.target_forwards
     else:  # sampling draws from the same distribution as generate (with other draws for the same seed)
         res = tree_decode(target, draft, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=max_new_tokens,
-                          do_sample=sample, temperature=temperature if sample else 1.0, top_p=0.95 if sample else 1.0)
+                          do_sample=sample, temperature=temperature if sample else 1.0, top_p=top_p if sample else 1.0)
         out, stats = res.sequences, res.stats
         forwards = stats.target_forwards
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
@@ -297,19 +303,73 @@ def _generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_
     return [tokenizer.decode(r, skip_special_tokens=True).strip() for r in rows]
 
 
+@dataclass(frozen=True)
+class AnswerSetting:
+    """How the target answers a share of the prompts (``data.answer_sampling``): greedy (``temperature: 0``) or
+    sampled with ``temperature`` and ``top_p``; ``share`` weighs how many prompts get it."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    share: float = 1.0
+
+    @property
+    def tag(self) -> str:
+        return "greedy" if self.temperature == 0 else f"T={self.temperature:g},top_p={self.top_p:g}"
+
+
+def answer_settings(spec) -> list[AnswerSetting]:
+    """``data.answer_sampling`` (a list of ``{temperature, top_p, share}``) -> settings; one line names a bad entry."""
+    if spec is None:
+        return []
+    if not isinstance(spec, (list, tuple)):
+        raise DataError(f"data.answer_sampling must be a list of {{temperature, top_p, share}}, got {spec!r}")
+    out = []
+    for n, entry in enumerate(spec):
+        if not isinstance(entry, dict) or set(entry) - {"temperature", "top_p", "share"}:
+            raise DataError(f"data.answer_sampling[{n}] must be a mapping of temperature, top_p and share, got {entry!r}")
+        t, top_p, share = entry.get("temperature", 0.0), entry.get("top_p", 1.0), entry.get("share", 1.0)
+        for name, v in (("temperature", t), ("top_p", top_p), ("share", share)):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
+                raise DataError(f"data.answer_sampling[{n}].{name} must be a number, got {v!r}")
+        if t < 0 or not 0 < top_p <= 1 or share <= 0:
+            raise DataError(f"data.answer_sampling[{n}]: temperature >= 0, 0 < top_p <= 1 and share > 0 wanted, "
+                            f"got {entry!r}")
+        out.append(AnswerSetting(float(t), float(top_p) if t > 0 else 1.0, float(share)))
+    return out
+
+
+def assign_setting(settings: list[AnswerSetting], key: str, seed: int) -> int:
+    """The setting a prompt is answered with: drawn by its ``prompt_key`` and the seed, so a prompt keeps its
+    setting whatever the order, the batch or a resume."""
+    x = random.Random(f"{seed}:{key}").random() * sum(st.share for st in settings)
+    for n, st in enumerate(settings):
+        x -= st.share
+        if x < 0:
+            return n
+    return len(settings) - 1
+
+
+def _batch_seed(seed: int, setting: int, first: int) -> int:
+    return int(hashlib.sha1(f"{seed}:{setting}:{first}".encode()).hexdigest()[:8], 16)
+
+
 def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_tokens: int = 384,
                temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1, draft=None,
-               report: dict | None = None) -> Dataset:
+               report: dict | None = None, settings: list[AnswerSetting] | None = None, seed: int = 0) -> Dataset:
     """Replace every assistant turn by the target's own answer (turn by turn, batched).
 
-    Resumable: finished batches are appended to ``cache_path`` (jsonl keyed by sample index, with the decoder that
-    wrote them), a rerun skips them. A draft must learn the target's distribution, so this is the default for
-    training data.
+    Resumable: finished batches are appended to ``cache_path`` (jsonl keyed by sample index, with the decoder and
+    the sampling that wrote them), a rerun skips them. A draft must learn the target's distribution, so this is the
+    default for training data.
+
+    ``settings`` (``data.answer_sampling``): each prompt is answered at one of them (``assign_setting``), greedy or
+    sampled; a sampled batch draws from a seed of (``seed``, its setting, its first sample), so a resumed run writes
+    what an uninterrupted one would. Without them every answer is at ``temperature`` (top-p 0.95 when sampled).
 
     ``draft``: an EAGLE-3 draft for ``target`` (a loaded model, a folder or a Hub id): the answers come from tree
-    decoding, greedy ones token for token as from ``generate`` (float32); ``SAME_FORWARD``: plain decoding through
-    tree decoding's verifier, the same tokens in fewer CPU-seconds on CPUs. ``report``: a dict this call fills with
-    its decoder and speed (``GenerationSpeed.as_dict``).
+    decoding, greedy ones token for token as from ``generate`` (float32), sampled ones from the same distribution;
+    ``SAME_FORWARD``: plain decoding through tree decoding's verifier, the same tokens in fewer CPU-seconds on CPUs.
+    ``report``: a dict this call fills with its decoder and speed (``GenerationSpeed.as_dict``).
     """
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
@@ -322,12 +382,20 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
                 except json.JSONDecodeError:  # a line cut by a kill: redo that sample
                     continue
                 done[rec["i"]] = rec["messages"]
-    todo = [i for i in range(len(ds)) if i not in done]
+    settings = list(settings or [AnswerSetting(temperature, 0.95 if temperature > 0 else 1.0)])
+    which = {i: assign_setting(settings, prompt_key(ds[i]["messages"]), seed) if len(settings) > 1 else 0
+             for i in range(len(ds)) if i not in done}
+    todo = sorted(which)
     speed = _speed(draft)
     bar = tqdm(total=len(ds), initial=len(ds) - len(todo), desc="regenerate responses", unit="sample")
+    batches = []  # one setting per batch; a resumed run cuts the rest of each setting's prompts as before
+    for k in sorted(set(which.values())):
+        ids = [i for i in todo if which[i] == k]
+        batches += [ids[a:a + batch_size] for a in range(0, len(ids), batch_size)]
     with open(cache_path, "a") as f:
-        for start in range(0, len(todo), batch_size):
-            idx = todo[start:start + batch_size]
+        for idx in batches:
+            k = which[idx[0]]
+            setting = settings[k]
             users = [[m for m in ds[i]["messages"] if m["role"] != "assistant"] for i in idx]
             convs = [[] for _ in idx]
             for turn in range(max_turns):
@@ -343,12 +411,13 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
                             break
                         if turn == 0 and m["role"] == "system" and not convs[j]:
                             convs[j].append(m)
-                answers = _generate_batch(target, tokenizer, [convs[j] for j in active], max_new_tokens, temperature,
-                                          draft=draft, speed=speed)
+                answers = _generate_batch(target, tokenizer, [convs[j] for j in active], max_new_tokens,
+                                          setting.temperature, draft=draft, speed=speed, top_p=setting.top_p,
+                                          seed=_batch_seed(seed, k, idx[0]) + turn if setting.temperature > 0 else None)
                 for j, a in zip(active, answers):
                     convs[j].append({"role": "assistant", "content": a})
             for i, c in zip(idx, convs):
-                f.write(json.dumps({"i": i, "messages": c, "by": speed.decoder}) + "\n")
+                f.write(json.dumps({"i": i, "messages": c, "by": speed.decoder, "sampling": setting.tag}) + "\n")
                 done[i] = c
             f.flush()
             os.fsync(f.fileno())
@@ -469,7 +538,8 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
                         min_chars: int = 1, max_chars: int = 20000, strip_patterns: list[str] | None = None,
                         synthesize_seed: int | None = None, synthesize_openers: list[str] | None = None,
                         synthesize_batch_size: int = 16, regenerate_with: str = "generate",
-                        regenerate_draft: str | None = None, target_name: str | None = None) -> Dataset:
+                        regenerate_draft: str | None = None, target_name: str | None = None,
+                        answer_sampling: list[dict] | None = None) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
     answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes.
 
@@ -483,8 +553,14 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     A source given as ``{path, regenerate: false}`` keeps its answers whatever ``regenerate_responses`` says:
     for data this target has already answered (an earlier run's ``regen-*.jsonl``). One given with ``eval: false``
     never goes to the held-out split (data an earlier stage trained on): the returned ``eval_ok`` column says
-    which samples may."""
+    which samples may.
+
+    ``answer_sampling`` (``data.answer_sampling``): the target answers each prompt at one of these settings (greedy
+    or sampled, by ``share``; see ``regenerate``), every setting through the same decoder (sampling by tree
+    decoding or the same forward keeps the target's distribution). A sampled answer of a prompt that another
+    source answers too is kept beside it: two answers of one prompt are dropped only when they are the same."""
     work_dir = Path(work_dir)
+    settings = answer_settings(answer_sampling)
     draft_path = regeneration_draft(regenerate_with, regenerate_draft, target_name)
     setting = regenerate_with  # what the report names; each call records the decoder it ran
     if regenerate_with == "auto" and target.device.type == "cpu":
@@ -565,14 +641,17 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
         who = getattr(target, "name_or_path", None) or getattr(target.config, "_name_or_path", "")
         # the key names no decoder: both write the target's own answers (greedy: the same tokens), so a cache
         # outlives a change of decoder
-        key = hashlib.sha1(f"{ds._fingerprint}:{who}:{max_new_tokens}:{temperature}:{max_turns}".encode()).hexdigest()[:10]
+        how = f"{temperature}" if not settings else f"{[st.tag + ':' + str(st.share) for st in settings]}:{seed}"
+        key = hashlib.sha1(f"{ds._fingerprint}:{who}:{max_new_tokens}:{how}:{max_turns}".encode()).hexdigest()[:10]
         out.append(regenerate(ds, target, tokenizer, work_dir / f"regen-{key}.jsonl", max_new_tokens=max_new_tokens,
                               temperature=temperature, batch_size=batch_size, max_turns=max_turns,
-                              draft=draft_for(temperature), report=calls.setdefault(f"regen-{key}.jsonl", {})))
+                              draft=draft_for(0.0 if settings else temperature), settings=settings, seed=seed,
+                              report=calls.setdefault(f"regen-{key}.jsonl", {})))
     if kept:
         out.append(clean(kept))
     _record_calls(work_dir / GENERATION_REPORT, calls, setting, draft_path)
-    ds = out[0] if len(out) == 1 else dedupe(concatenate_datasets(out)).shuffle(seed=seed).flatten_indices()
+    both = any(st.temperature > 0 for st in settings)  # sampled answers of prompts a kept source answers too
+    ds = out[0] if len(out) == 1 else dedupe(concatenate_datasets(out), whole=both).shuffle(seed=seed).flatten_indices()
     return ds.add_column("eval_ok", [prompt_key(m) not in trained_before for m in ds["messages"]])
 
 
@@ -609,4 +688,5 @@ def _record_calls(path: Path, calls: dict[str, dict], regenerate_with: str, draf
 
 __all__ = ["PRESETS", "DataError", "normalise_example", "source_spec", "load_source", "dedupe", "regenerate", "synthesize_prompts", "prompt_key",
            "user_prefix", "render_with_mask", "tokenize_dataset", "build_conversations", "REGENERATE_WITH",
-           "GENERATION_REPORT", "GenerationSpeed", "regeneration_draft"]
+           "GENERATION_REPORT", "GenerationSpeed", "regeneration_draft", "AnswerSetting", "answer_settings",
+           "assign_setting"]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import copy
 import inspect
+import json
+import math
 import re
 from pathlib import Path
 
@@ -41,6 +43,9 @@ DEFAULTS: dict = {
         "regenerate_draft": None,  # an EAGLE-3 draft folder or Hub id for the target (default: its reference draft)
         "max_new_tokens": 384,
         "temperature": 0.0,
+        # answers at the temperatures users sample: a list of {temperature, top_p, share}; each prompt is answered at
+        # one of them, drawn by its text and the data seed ({temperature: 0} for greedy answers); [] = `temperature`
+        "answer_sampling": [],
         "gen_batch_size": 16,
         "synthesize_batch_size": 16,  # prompts sampled per call; part of the sampling, so a rerun needs the same
         "max_turns": 1,
@@ -95,6 +100,87 @@ DEFAULTS: dict = {
 }
 # keys a command-line override sets for the first recipe only, not for its later stages
 FIRST_STAGE_ONLY = ("stages", "work_dir", "output_dir")
+
+
+def _integer(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _text(v) -> bool:
+    return isinstance(v, str)
+
+
+# What a recipe value must be where its default does not say it all (a range, or a default of null); every other
+# value must be of its default's kind (true/false, a number, a string, a list). Checked when a recipe is read.
+VALUE_RULES: dict[str, tuple[str, object]] = {
+    **{k: ("a string or null", lambda v: v is None or _text(v)) for k in (
+        "target.name", "target.gguf_file", "target.adapter", "target.chat_template", "draft.init_from",
+        "data.regenerate_draft", "features.cache_dir", "output_dir", "push_to_hub")},
+    **{k: ("a positive integer or null", lambda v: v is None or (_integer(v) and v >= 1)) for k in (
+        "draft.draft_vocab_size", "draft.intermediate_size", "data.num_proc", "train.max_steps", "train.num_threads")},
+    **{k: ("an integer or null", lambda v: v is None or _integer(v)) for k in ("data.synthesize_seed", "data.seed")},
+    **{k: ("a positive integer", lambda v: _integer(v) and v >= 1) for k in (
+        "data.max_new_tokens", "data.gen_batch_size", "data.synthesize_batch_size", "data.max_turns", "train.ttt_steps",
+        "train.epochs", "train.batch_size", "train.grad_accum", "train.save_every", "train.eval_every",
+        "train.log_every", "train.keep_checkpoints", "lora.r")},
+    **{k: ("an integer >= 0", lambda v: _integer(v) and v >= 0) for k in (
+        "data.synthesize", "data.eval_samples", "train.warmup_steps")},
+    **{k: ("a positive number", lambda v: _number(v) and v > 0) for k in (
+        "train.lr", "train.step_weight", "train.grad_clip", "lora.alpha")},
+    **{k: ("a non-negative number", lambda v: _number(v) and v >= 0) for k in (
+        "data.temperature", "train.lk_eta", "train.weight_decay")},
+    "data.max_length": ("an integer >= 4", lambda v: _integer(v) and v >= 4),
+    "lora.dropout": ("a number in [0, 1)", lambda v: _number(v) and 0 <= v < 1),
+    "train.betas": ("a list of two numbers in [0, 1), like [0.9, 0.95]",
+                    lambda v: isinstance(v, list) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v)),
+    "draft.aux_layer_ids": ("a list of three layer indices or null",
+                            lambda v: v is None or (isinstance(v, list) and len(v) == 3 and all(_integer(i) for i in v))),
+    "train.loss": ("an objective name (kl, lk, lk_log, lk_hybrid) or a mapping of them to weights",
+                   lambda v: isinstance(v, (str, dict))),
+    "data.synthesize_openers": ('a list of strings (e.g. ["Write", "Explain", ""])',
+                                lambda v: isinstance(v, list) and all(_text(o) for o in v)),
+    "features.reuse_from": ("a list of earlier runs' work_dirs", lambda v: isinstance(v, list) and all(_text(p) for p in v)),
+}
+_KINDS = ((bool, "true or false"), (int, "an integer"), (float, "a number"), (str, "a string"), (list, "a list"))
+
+
+def _value_rule(key: str, default) -> tuple[str, object] | None:
+    if key in VALUE_RULES:
+        return VALUE_RULES[key]
+    for kind, expected in _KINDS:
+        if isinstance(default, kind):
+            if kind is bool:
+                return expected, lambda v: isinstance(v, bool)
+            if kind in (int, float):  # an integer default takes integers only; a float one any number
+                return expected, (_integer if kind is int else _number)
+            return expected, lambda v, kind=kind: isinstance(v, kind)
+    return None  # a default of null without a rule: any value
+
+
+def check_values(values: dict, where: str, flags: bool = False, path: str = "", schema: dict | None = None) -> None:
+    """Refuse, in one line naming the key, the value and what is expected, a value in ``values`` (a recipe or a
+    part of one) of the wrong type or out of range. ``where`` starts the line (the file); ``flags``: the values
+    came from ``--section.key`` flags."""
+    schema = DEFAULTS if schema is None else schema
+    for key, value in values.items():
+        name = f"{path}{key}"
+        if key not in schema:  # a draft config key (Eagle3Config checks it) or unknown (_merge names it)
+            continue
+        default = schema[key]
+        if isinstance(default, dict):
+            if isinstance(value, dict):
+                check_values(value, where, flags, f"{name}.", default)
+            continue
+        rule = _value_rule(name, default)
+        if rule is None or rule[1](value):
+            continue
+        shown = json.dumps(value, default=str)
+        example = "" if default is None else f" (default {json.dumps(default)})"
+        raise ValueError(f"{where}{name} must be {rule[0]}{example}, got {f'--{name}={shown}' if flags else shown}")
 
 
 class RecipeLoader(yaml.SafeLoader):
@@ -192,12 +278,25 @@ def parse_overrides(pairs: list[str]) -> dict:
             i += 2
         else:
             raw, i = "true", i + 1
+            if not isinstance(_default_of(flag[2:].replace("-", "_")), bool):  # only a switch stands alone
+                raise ValueError(f"{flag} needs a value, as in `{flag} VALUE` or `{flag}=VALUE` (only true/false "
+                                 "keys may be given alone, meaning true).")
         node = out
         keys = flag[2:].replace("-", "_").split(".")
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         node[keys[-1]] = _load_yaml(raw, f"the value of {flag}")
     return out
+
+
+def _default_of(dotted: str):
+    """The default of the recipe key ``train.lr`` (None for a key that is not a value of ``DEFAULTS``)."""
+    node = DEFAULTS
+    for k in dotted.split("."):
+        if not isinstance(node, dict) or k not in node:
+            return None
+        node = node[k]
+    return node
 
 
 def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -> dict:
@@ -209,8 +308,10 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -
             raise ValueError(f"{path} must hold sections of keys (`train:`, `data:`, ...), not a {type(loaded).__name__}: "
                              "see recipes/ for examples.")
         _merge(recipe, loaded)
+        check_values(loaded, f"{path}: ")
     if overrides:
         _merge(recipe, overrides)
+        check_values(overrides, "", flags=True)
     if recipe["output_dir"] is None:
         recipe["output_dir"] = str(Path(recipe["work_dir"]) / "draft")
     return recipe
@@ -237,7 +338,15 @@ def stage_from_changes(before: dict, changes: dict, i: int, first_work_dir: str)
         _merge(stage, changes)
     except KeyError as e:
         raise KeyError(f"stage {i}: {e.args[0]}") from None
+    check_values(changes, f"stage {i}: ")
     return stage
+
+
+def check_stage_number(chain: list[dict], from_stage: int) -> None:
+    """``--from-stage N`` names a stage of the recipe: 1 to the number of stages."""
+    if isinstance(from_stage, bool) or not isinstance(from_stage, int) or not 1 <= from_stage <= len(chain):
+        have = "stage 1 only" if len(chain) == 1 else f"stages 1 to {len(chain)}"
+        raise ValueError(f"--from-stage {from_stage}: the recipe has {have}; pass a stage number in that range.")
 
 
 def load_stages(recipe: dict, overrides: dict | None = None) -> list[dict]:

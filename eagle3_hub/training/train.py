@@ -127,6 +127,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator: Accelerator):
             synthesize_seed=d["synthesize_seed"], synthesize_openers=d["synthesize_openers"],
             synthesize_batch_size=d["synthesize_batch_size"], regenerate_with=d["regenerate_with"],
             regenerate_draft=d["regenerate_draft"], target_name=recipe["target"]["name"],
+            answer_sampling=d["answer_sampling"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
         if len(tok) < 2:
@@ -573,12 +574,13 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only
             break
     finally:
         bar.close()
+    # collective (gathers a sharded FSDP draft on every process): before end_training ends the process group
+    state_dict = accelerator.get_state_dict(draft)
     accelerator.end_training()
     wall = wall_before + time.time() - t0
 
     # ---- the draft folder: weights (or the LoRA adapter), training_metrics.json, model card
     out_dir = Path(recipe["output_dir"])
-    state_dict = accelerator.get_state_dict(draft)  # collective: gathers a sharded (FSDP) draft on every process
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(draft)
         final = history[-1] if history else {}
@@ -651,6 +653,9 @@ def train_recipe(config: str | None, overrides: dict | None = None, resume: bool
     chain = load_stages(load_recipe(config, overrides), overrides)
     for stage in chain:
         check_recipe(stage)
+    from .recipe import check_stage_number
+
+    check_stage_number(chain, from_stage)  # 0, or past the last stage, would train nothing (--data-only too)
     if from_stage > 1 and not data_only:
         check_stage_start(chain, from_stage)
     names = [config] + [st if isinstance(st, str) else f"{config} stage {i}"
