@@ -47,7 +47,7 @@ def test_acceptance_and_each_loss_on_a_hand_computed_example():
     assert position_loss({"lk_hybrid": 1}, logq, p_draft, p, lk_eta=1e3)[0].item() == pytest.approx(0.2, rel=1e-5)
 
 
-def naive_lk(draft, step_logits, target_logits, loss_mask, attention_mask, K, name, eta=3.0):
+def naive_lk(draft, step_logits, target_logits, loss_mask, attention_mask, K, name, eta=3.0, temperature=1.0):
     """Step losses and acceptance sums written out position by position: p over the full target vocabulary, read at
     the draft's tokens (not renormalised), for the positions the loss trains on (scored, target argmax in vocab)."""
     b, s, _ = target_logits.shape
@@ -67,6 +67,9 @@ def naive_lk(draft, step_logits, target_logits, loss_mask, attention_mask, K, na
                     continue
                 p_full = target_logits[i, token - 1].softmax(-1)[draft_ids]
                 q = step_logits[i, t, k].softmax(-1)
+                if temperature != 1.0:  # both sampled at T; the mass outside the draft vocabulary as at T=1
+                    p_full = (target_logits[i, token - 1][draft_ids] / temperature).softmax(-1) * p_full.sum()
+                    q = (step_logits[i, t, k] / temperature).softmax(-1)
                 a = torch.minimum(p_full, q).sum().item()
                 p_r = p_full / p_full.sum()
                 kl = (p_r * (p_r.log() - q.log())).sum().item()
@@ -188,3 +191,20 @@ def test_draft_keys_of_the_recipe_reach_the_new_drafts_config(tmp_path, tiny_tar
     assert run_cli(write_recipe(tmp_path / "later.yaml", later)) == 2
     assert re.search(r"error: draft.fc_norm=False changes the architecture of draft.init_from \(.* has True\)",
                      capsys.readouterr().err)
+
+
+def test_acceptance_at_another_temperature_matches_the_position_by_position_reference():
+    """Evaluation at T=0.7 (where chat users sample): target and draft both at T, chained over the steps."""
+    draft, aux, ids, target_logits, loss_mask, att, K, step_logits = ttt_case()
+    _, _, chain_07 = naive_lk(draft, step_logits, target_logits, loss_mask, att, K, "lk", temperature=0.7)
+    _, _, chain_1 = naive_lk(draft, step_logits, target_logits, loss_mask, att, K, "lk")
+    with torch.no_grad():
+        out = ttt_loss(draft, aux, ids, target_logits, loss_mask, att, ttt_steps=K, loss="kl", temperatures=(0.7, 1.0))
+    torch.testing.assert_close(out.chain_alpha_at[0], torch.tensor(chain_07), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(out.chain_alpha_at[1], out.chain_alpha, rtol=1e-5, atol=1e-6)
+    assert chain_07 != pytest.approx(chain_1)
+    m = acceptance_metrics(out.step_correct, out.step_count, out.chain_correct, out.chain_count, out.step_alpha,
+                           out.chain_alpha, out.chain_alpha_at, (0.7, 1.0))
+    n0 = out.step_count[0].item()
+    assert m["expected_acceptance_length_at"]["0.7"] == pytest.approx(1 + sum(c / n0 for c in chain_07), rel=1e-4)
+    assert m["expected_acceptance_length_at"]["1"] == pytest.approx(m["expected_acceptance_length_sampled"], rel=1e-5)

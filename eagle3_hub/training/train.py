@@ -180,10 +180,16 @@ def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids:
     return ids, info
 
 
-def objective(draft, aux, batch, logits, t: dict):
+# temperatures, besides greedy and T=1, at which the held-out split's expected acceptance is reported: where chat
+# users sample
+EVAL_TEMPERATURES = (0.7,)
+
+
+def objective(draft, aux, batch, logits, t: dict, temperatures: tuple[float, ...] = ()):
     """The TTT loss of a batch with the recipe's ``train`` settings."""
     return ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
-                    ttt_steps=t["ttt_steps"], step_weight=t["step_weight"], loss=t["loss"], lk_eta=t["lk_eta"])
+                    ttt_steps=t["ttt_steps"], step_weight=t["step_weight"], loss=t["loss"], lk_eta=t["lk_eta"],
+                    temperatures=temperatures)
 
 
 @torch.no_grad()
@@ -194,13 +200,13 @@ def evaluate(draft, target, loader, recipe, features, accelerator) -> dict:
     for batch in loader:
         aux, logits = features(batch)
         with accelerator.autocast():
-            out = objective(draft, aux, batch, logits, t)
+            out = objective(draft, aux, batch, logits, t, EVAL_TEMPERATURES)
         vals = [out.loss.detach() * out.chain_count, out.step_correct, out.step_count, out.chain_correct, out.chain_count,
-                out.step_trained, out.step_alpha, out.chain_alpha]
+                out.step_trained, out.step_alpha, out.chain_alpha, out.chain_alpha_at]
         sums = vals if sums is None else [a + b for a, b in zip(sums, vals)]
     draft.train()
     sums = [accelerator.reduce(v.float(), "sum") for v in sums]
-    m = acceptance_metrics(sums[1], sums[2], sums[3], sums[4], sums[6], sums[7])
+    m = acceptance_metrics(sums[1], sums[2], sums[3], sums[4], sums[6], sums[7], sums[8], EVAL_TEMPERATURES)
     m["loss"] = (sums[0] / sums[4].clamp(min=1)).item()
     m["masked_share"] = masked_share(sums[2].sum(), sums[5].sum())
     return m
@@ -507,9 +513,11 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only
         history.append({"step": at_step, **m})
         accelerator.log({"eval/loss": m["loss"], "eval/acceptance_length": m["expected_acceptance_length"],
                          "eval/masked_share": m["masked_share"], "eval/acceptance_length_sampled": m["expected_acceptance_length_sampled"],
+                         **{f"eval/acceptance_length_T{t}": v for t, v in m["expected_acceptance_length_at"].items()},
                          **{f"eval/acc_{k}": a for k, a in enumerate(m["step_accuracy"])}}, step=at_step)
         accelerator.print(f"[eval] step {at_step}: loss {m['loss']:.3f}, expected acceptance length "
                           f"{m['expected_acceptance_length']:.2f}, step accuracy " + " ".join(f"{a:.2f}" for a in m["step_accuracy"])
+                          + "".join(f", at T={t} {v:.2f}" for t, v in m["expected_acceptance_length_at"].items())
                           + f", at T=1 {m['expected_acceptance_length_sampled']:.2f}, masked {m['masked_share']:.1%}")
         if accelerator.is_main_process:
             atomic_write_json(eval_path, {"eval_history": history})
@@ -593,7 +601,7 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only
             # expected number of tokens per target forward when a chain of ttt_steps drafts is verified
             "acceptance": {k: final.get(k) for k in ("step", "loss", "step_accuracy", "chain_acceptance", "expected_acceptance_length",
                                                      "step_expected_acceptance", "expected_acceptance_length_sampled",
-                                                     "masked_share")},
+                                                     "expected_acceptance_length_at", "masked_share")},
             "eval_history": history,
             "wall_time_s": round(wall, 1),
             "earlier_stages": earlier,  # the training of draft.init_from, oldest first

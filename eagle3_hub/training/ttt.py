@@ -32,6 +32,8 @@ class TTTOutput:
     # and of its product over steps 0..k (the chance that the chain is accepted that far)
     step_alpha: torch.Tensor | None = None
     chain_alpha: torch.Tensor | None = None
+    # (len(temperatures), K): chain_alpha with the target and the draft both sampled at each of ``temperatures``
+    chain_alpha_at: torch.Tensor | None = None
 
 
 def _shift(x: torch.Tensor, n: int, fill=0) -> torch.Tensor:
@@ -99,6 +101,7 @@ def ttt_loss(
     step_weight: float = 0.8,
     loss: str | dict = "kl",  # train.loss: a name of losses.LOSSES or {name: weight}
     lk_eta: float = 3.0,  # lk_hybrid's eta
+    temperatures: tuple[float, ...] = (),  # also measure chain acceptance with both sampled at these (evaluation)
 ) -> TTTOutput:
     loss_weights = parse_loss(loss)
     b, s = input_ids.shape
@@ -116,6 +119,9 @@ def ttt_loss(
         sel = scores.draft  # (b, s, Vd)
         lse_draft = sel.logsumexp(-1)
         target_p = (sel - lse_draft.unsqueeze(-1)).exp()  # (b, s, Vd) renormalised over the draft vocabulary
+        # at another temperature, over the draft vocabulary; its mass outside that vocabulary is taken as at T=1
+        # (the full vocabulary's log-sum-exp is kept at T=1 only)
+        target_p_at = [(sel / t).softmax(-1) for t in temperatures]
         del sel
         target_argmax_draft = target_p.argmax(-1)  # (b, s) in draft ids
         # the target's probability mass on the draft vocabulary, at the rows the loss reads (mass outside it is
@@ -129,6 +135,8 @@ def ttt_loss(
     hidden = None
     losses, correct, counts, trained, chain_correct, alphas, chain_alphas = [], [], [], [], [], [], []
     chain = chain_a = None
+    chain_t = [None] * len(temperatures)
+    chain_alphas_t: list[list[torch.Tensor]] = [[] for _ in temperatures]
     for k in range(ttt_steps):
         ids_k = _shift(input_ids, 1 + k)  # token t+1+k
         scored = _shift(loss_mask, 2 + k, False)  # (b, s) positions the metrics count
@@ -155,6 +163,12 @@ def ttt_loss(
             a = torch.zeros(b, s, device=device)
             a[valid] = alpha.float()
             chain_a = a if chain_a is None else chain_a * a
+            for j, t in enumerate(temperatures):
+                a_t = torch.zeros(b, s, device=device)
+                p_t = _shift(target_p_at[j], 1 + k)[valid] * mass_k.unsqueeze(-1)
+                a_t[valid] = torch.minimum(p_t, (out.logits.float() / t).softmax(-1)).sum(-1)
+                chain_t[j] = a_t if chain_t[j] is None else chain_t[j] * a_t
+                chain_alphas_t[j].append(chain_t[j].sum())
             alphas.append(a.sum())
             chain_alphas.append(chain_a.sum())
             correct.append(hit.sum())
@@ -175,10 +189,12 @@ def ttt_loss(
         chain_count=chain_count,
         step_alpha=torch.stack(alphas),
         chain_alpha=torch.stack(chain_alphas),
+        chain_alpha_at=torch.stack([torch.stack(c) for c in chain_alphas_t]) if temperatures else None,
     )
 
 
-def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, step_alpha=None, chain_alpha=None) -> dict:
+def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, step_alpha=None, chain_alpha=None,
+                       chain_alpha_at=None, temperatures: tuple[float, ...] = ()) -> dict:
     """Per-position accuracy vs the target's argmax and the expected acceptance length of a chain
     (1 bonus token + the expected number of leading correct draft tokens): greedy decoding. With ``step_alpha`` and
     ``chain_alpha`` (sums of ``TTTOutput``), the same for speculative sampling at temperature 1: the chance that
@@ -191,4 +207,8 @@ def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, ste
         sampled = [c / max(chain_count.item(), 1) for c in chain_alpha.tolist()]
         out["chain_expected_acceptance"] = sampled
         out["expected_acceptance_length_sampled"] = 1.0 + sum(sampled)
+    if chain_alpha_at is not None:  # {"0.7": length}: the same, both sampled at each temperature
+        out["expected_acceptance_length_at"] = {
+            f"{t:g}": 1.0 + sum(c / max(chain_count.item(), 1) for c in row.tolist())
+            for t, row in zip(temperatures, chain_alpha_at)}
     return out
