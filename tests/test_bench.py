@@ -565,7 +565,7 @@ def test_a_base_models_prompts_are_rendered_as_its_recipe_trains_them(smollm2_to
 
 def test_drafts_compared_in_one_run_decode_the_same_questions_as_tree_methods(tiny, tmp_path):
     from eagle3_hub import Eagle3DraftModel
-    from eagle3_hub.benchmark.bench import compare_draft_names
+    from eagle3_hub.benchmark.models import compare_draft_names
 
     target, tok = tiny
     drafts = []

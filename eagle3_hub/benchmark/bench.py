@@ -19,14 +19,15 @@ draft tokens each step accepted. Greedy outputs of every method are compared tok
 On CUDA every method runs on the same attention kernels, without cuDNN's (``attention_kernels``: its per-shape
 plans slow plain ``generate`` down far more than the other methods, which would inflate every speed-up).
 
-The command line (``eagle3-hub bench``) is ``eagle3_hub.commands.bench``; this module is the library it calls.
+The command line (``eagle3-hub bench``) is ``eagle3_hub.commands.bench``; this module is the library it calls, with
+``grid`` (the tree settings parsed from text), ``models`` (loading the target and its drafts) and ``instruments``
+(the hooks and clocks each run is measured with).
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,144 +36,14 @@ from typing import Callable
 import torch
 
 from ..generation.tree import attention_kernels
-from ..targets import default_draft
+from .instruments import ForwardStarts, ForwardTimer, PeakMemory, sync
 from .machine import machine_info
 from .near_ties import near_tie_check, reduced_precision
+from .options import DRAFT_METHODS, METHOD_NAMES, TREE_KEYS
 from .suites import Suite
 
-METHOD_NAMES = ("plain", "same_forward", "lookup", "assisted", "tree", "assistant")
 SAME_FORWARD = "same_forward"  # the second baseline: plain decoding through tree decoding's forward
-DRAFT_METHODS = ("assisted", "tree")
 BATCHED_KINDS = ("plain", "same_forward", "tree")
-
-
-# ----------------------------------------------------------------------------------------- measuring
-def _sync(device: torch.device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-class ForwardTimer:
-    """Wall time spent inside a group of modules. Nested calls (a model calling its own decoder) count once."""
-
-    def __init__(self, modules, device: torch.device):
-        self.device = device
-        self.total = 0.0
-        self.calls = 0
-        self._depth = 0
-        self._t0 = 0.0
-        self._handles = []
-        for m in modules:
-            if m is not None:
-                self._handles.append(m.register_forward_pre_hook(self._pre))
-                self._handles.append(m.register_forward_hook(self._post))
-
-    def _pre(self, module, args):
-        if self._depth == 0:
-            _sync(self.device)
-            self._t0 = time.perf_counter()
-        self._depth += 1
-
-    def _post(self, module, args, output):
-        self._depth = max(self._depth - 1, 0)
-        if self._depth == 0:
-            _sync(self.device)
-            self.total += time.perf_counter() - self._t0
-            self.calls += 1
-
-    def reset(self):
-        self.total, self.calls, self._depth = 0.0, 0, 0
-
-    def close(self):
-        for h in self._handles:
-            h.remove()
-        self._handles = []
-
-
-class ForwardStarts:
-    """Position of the first token of every target forward (a pre-hook on the target's decoder).
-
-    For ``generate`` with or without an assistant, forward ``i`` starts at the last committed token, so
-    consecutive starts give the tokens each step committed (accepted draft tokens + 1)."""
-
-    def __init__(self, decoder):
-        self.starts: list[int] = []
-        self._handle = decoder.register_forward_pre_hook(self._pre, with_kwargs=True)
-
-    def _pre(self, module, args, kwargs):
-        pos = kwargs.get("position_ids")
-        if pos is not None:
-            self.starts.append(int(pos.reshape(-1)[0]))
-            return
-        cache = kwargs.get("cache", kwargs.get("past_key_values"))
-        self.starts.append(int(cache.get_seq_length()) if cache is not None else 0)
-
-    def accepted_per_step(self, prompt_len: int, final_len: int) -> list[int] | None:
-        """Accepted draft tokens per target forward; ``None`` when the starts do not describe linear decoding."""
-        if not self.starts:
-            return None
-        # committed[i]: sequence length before forward i (its first input is the last committed token)
-        committed = [prompt_len] + [s + 1 for s in self.starts[1:]] + [final_len]
-        accepted = [committed[i + 1] - committed[i] - 1 for i in range(len(self.starts))]
-        if any(a < 0 for a in accepted[:-1]):
-            return None  # not linear decoding (e.g. extra target forwards): no per-step figures
-        return [max(a, 0) for a in accepted]  # the last step may be cut short by an end token
-
-    def reset(self):
-        self.starts = []
-
-    def close(self):
-        self._handle.remove()
-
-
-class PeakMemory:
-    """Peak memory of one run, cheaply: CUDA's allocator peak, or the process's resident-set high-water mark
-    (reset through /proc/self/clear_refs on Linux; otherwise ``getrusage``'s lifetime peak)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.kind = "cuda_max_allocated" if device.type == "cuda" else "rss_high_water_mark"
-        self._can_reset = device.type == "cuda"
-        if device.type != "cuda":
-            try:
-                with open("/proc/self/clear_refs", "w") as f:
-                    f.write("5")
-                self._can_reset = self._read_status_kb() is not None
-            except OSError:
-                self._can_reset = False
-            if not self._can_reset:
-                self.kind = "process_max_rss"
-
-    @staticmethod
-    def _read_status_kb(field: str = "VmHWM") -> int | None:
-        try:
-            with open("/proc/self/status") as f:
-                m = re.search(field + r":\s+(\d+)\s+kB", f.read())
-            return int(m.group(1)) if m else None
-        except OSError:
-            return None
-
-    def reset(self):
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        elif self._can_reset:
-            with open("/proc/self/clear_refs", "w") as f:
-                f.write("5")
-            hwm, rss = self._read_status_kb(), self._read_status_kb("VmRSS")
-            if hwm is None or rss is None or hwm > rss + 4096:  # the kernel ignored the reset (e.g. gVisor)
-                self._can_reset, self.kind = False, "process_max_rss"
-
-    def peak_mb(self) -> float:
-        if self.device.type == "cuda":
-            return torch.cuda.max_memory_allocated(self.device) / 2**20
-        if self._can_reset:
-            return (self._read_status_kb() or 0) / 1024
-        try:
-            import resource  # Unix only
-        except ImportError:
-            return float("nan")
-        kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux, bytes on macOS
-        return kb / (2**20 if sys.platform == "darwin" else 1024)
 
 
 # ----------------------------------------------------------------------------------------- methods
@@ -294,11 +165,6 @@ def build_methods(
     return methods
 
 
-TREE_KEY_TYPES = {"depth": int, "tree_top_k": int, "total_tokens": int, "lookup_tokens": int,
-                  "min_node_prob": float, "grow_min_prob": float}
-TREE_KEYS = tuple(TREE_KEY_TYPES)
-
-
 def tree_label(params: dict) -> str:
     parts = [f"{k}={params[k]}" for k in TREE_KEYS if params.get(k) is not None]
     return "tree[" + ",".join(parts) + "]"
@@ -377,11 +243,11 @@ class TurnRunner:
         hooks = None if method.kind in SELF_TIMED else self._hooks()
         try:
             self.memory.reset()
-            _sync(self.device)
+            sync(self.device)
             t0 = time.perf_counter()
             with torch.inference_mode(), attention_kernels(self.device):  # every method on the same attention kernels
                 sequences, stats = method.run(input_ids, attention_mask, gc)
-            _sync(self.device)
+            sync(self.device)
             elapsed = time.perf_counter() - t0
         finally:
             for hook in hooks or ():
@@ -746,133 +612,3 @@ def sweep_summary(rows: list[dict], methods: list[Method]) -> dict:
             "best": {**params[ranked[0]["method"]], "speedup": ranked[0]["speedup"]} if ranked else None,
         }
     return out
-
-
-
-# ----------------------------------------------------------------------------------------- tree settings
-SWEEP_DEFAULTS = {"depth": "3,5,7", "tree_top_k": "4,8", "total_tokens": "16,32,60"}
-
-
-def number_list(text, kind: type = int) -> list:
-    """A comma-separated list of numbers of type ``kind`` (``[None]`` when not given: the default setting)."""
-    if text is None:
-        return [None]
-    if isinstance(text, (list, tuple)):
-        return [kind(x) for x in text]
-    out = []
-    for x in str(text).split(","):
-        if x.strip():
-            try:
-                out.append(kind(x))
-            except ValueError:
-                raise ValueError(f"{x.strip()!r} in {text!r} is not a{'n integer' if kind is int else ' number'}") from None
-    return out
-
-
-def tree_settings(text: str) -> list[dict]:
-    """Settings separated by ``;``, each ``key=value,...`` over ``TREE_KEYS`` (unset keys: the device default),
-    e.g. ``"depth=3;depth=8,grow_min_prob=0.3"``."""
-    out = []
-    for item in filter(None, (part.strip() for part in text.split(";"))):
-        setting = {}
-        for pair in filter(None, (p.strip() for p in item.split(","))):
-            key, eq, value = pair.partition("=")
-            key = key.strip().replace("-", "_")
-            if not eq or key not in TREE_KEY_TYPES:
-                raise ValueError(f"--trees: {pair!r} is not key=value with a key among {', '.join(TREE_KEYS)}")
-            try:
-                setting[key] = TREE_KEY_TYPES[key](value.strip())
-            except ValueError:
-                raise ValueError(f"--trees: {key} takes a{'n integer' if TREE_KEY_TYPES[key] is int else ' number'}, "
-                                 f"got {value.strip()!r}") from None
-        out.append(setting)
-    if not out:
-        raise ValueError("--trees: give at least one tree setting, e.g. --trees 'depth=3;depth=8,grow_min_prob=0.3'")
-    return out
-
-
-def tree_grid(trees: str | None = None, **lists) -> list[dict]:
-    """The tree settings to run: ``trees`` (``tree_settings``) as listed, else every combination of the per-key
-    lists in ``lists`` (``depth="3,5"``, ``tree_top_k=...``, ``total_tokens``, ``lookup_tokens``, ``min_node_prob``,
-    ``grow_min_prob``). Shapes that are not trees are dropped; none left is a ``ValueError``."""
-    unknown = set(lists) - set(TREE_KEYS)
-    if unknown:
-        raise ValueError(f"unknown tree keys {sorted(unknown)}: use {', '.join(TREE_KEYS)}")
-    if trees:
-        grid = tree_settings(trees)
-    else:
-        values = [number_list(lists.get(k), TREE_KEY_TYPES[k]) for k in TREE_KEYS]
-        grid = [{k: v for k, v in zip(TREE_KEYS, combo) if v is not None} for combo in itertools.product(*values)]
-    # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
-    fits = [g for g in grid if not {"depth", "tree_top_k", "total_tokens"} <= g.keys()
-            or g["total_tokens"] <= g["tree_top_k"] + (g["depth"] - 1) * g["tree_top_k"] ** 2]
-    if grid and not fits:
-        raise ValueError("No tree shape in the sweep is valid: total_tokens must be <= top_k + (depth - 1) * top_k**2.")
-    return fits
-
-
-# ----------------------------------------------------------------------------------------- models
-def resolve_draft(draft: str | None, target: str | None, methods: list[str]) -> str | None:
-    """The draft to load, checked before any model is: ``draft``, or the reference draft of the embedded
-    target. ``None`` when no method needs one."""
-    if not any(m in DRAFT_METHODS for m in methods):
-        return None
-    if draft is not None:
-        return draft
-    needs = "Methods " + ", ".join(m for m in methods if m in DRAFT_METHODS)
-    try:
-        return default_draft(target, needs)
-    except ValueError as e:
-        raise ValueError(f"{e} Or run only --methods plain,lookup.") from None
-
-
-def load_draft_for(target_model, draft_path: str, device: torch.device, dtype: torch.dtype,
-                   assistant_tokens: int | None = None):
-    """An EAGLE-3 draft (safetensors only) on ``device``/``dtype``, bound to ``target_model``."""
-    from ..modeling_eagle3 import Eagle3DraftModel
-
-    draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device)
-    draft.eval().requires_grad_(False)
-    draft.bind(target_model)
-    if assistant_tokens:
-        draft.generation_config.num_assistant_tokens = assistant_tokens
-    return draft
-
-
-def load_models(target: str | None, draft_path: str | None, device: torch.device, dtype: torch.dtype,
-                assistant_model: str | None = None, assistant_tokens: int | None = None,
-                allow_pickle: bool = False):
-    """(target, tokenizer, draft or None, assistant or None, assistant_tokenizer or None), on ``device``/``dtype``.
-
-    ``allow_pickle``: also load target / assistant checkpoints stored as pickles (``.bin``); drafts never."""
-    from ..targets import check_no_pickles, load_target
-
-    if assistant_model and not allow_pickle:  # before the target loads: a refusal should not take minutes
-        check_no_pickles(assistant_model, "Assistant model")
-    target_model, tokenizer = load_target(target, dtype=dtype, device=device, allow_pickle=allow_pickle)
-    draft = None
-    if draft_path is not None:
-        draft = load_draft_for(target_model, draft_path, device, dtype, assistant_tokens)
-    assistant = assistant_tok = None
-    if assistant_model:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
-        safe = {} if allow_pickle else {"use_safetensors": True}
-        assistant = AutoModelForCausalLM.from_pretrained(assistant_model, dtype=dtype, **safe).to(device).eval()
-        if assistant.config.get_text_config().vocab_size != target_model.config.get_text_config().vocab_size:
-            assistant_tok = AutoTokenizer.from_pretrained(assistant_model)
-        if assistant_tokens:
-            assistant.generation_config.num_assistant_tokens = assistant_tokens
-    return target_model, tokenizer, draft, assistant, assistant_tok
-
-
-def compare_draft_names(paths: list[str]) -> dict[str, str]:
-    """{label: path} for ``--compare-draft`` paths: the folder or repo name, numbered where two share one."""
-    names: dict[str, str] = {}
-    for path in paths:
-        base = re.sub(r"[^\w.-]", "_", str(path).rstrip("/").split("/")[-1]) or "draft"
-        name, i = base, 2
-        while name in names:
-            name, i = f"{base}-{i}", i + 1
-        names[name] = path
-    return names

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..benchmark.bench import METHOD_NAMES, SWEEP_DEFAULTS, TREE_KEYS, number_list, tree_grid
+from ..benchmark.options import METHOD_NAMES, SWEEP_DEFAULTS, TREE_KEYS, number_list, tree_grid
 from ..benchmark.suites import STANDARD_SUITES
 
 # --flag -> tree key (the tree's own lookup branch has its flag apart from prompt-lookup decoding's)
@@ -103,7 +103,8 @@ def _check_numbers(args):
 
 
 def run(args) -> int:
-    from ..benchmark.bench import Mode, compare_draft_names, load_draft_for, load_models, resolve_draft, run_benchmark
+    from ..benchmark.bench import Mode, run_benchmark
+    from ..benchmark.models import compare_draft_names, load_draft_for, load_models, resolve_draft
     from ..benchmark.report import print_report, write_report
     from ..benchmark.suites import load_suites
     from ..devices import resolve_device_dtype
