@@ -53,3 +53,75 @@ def test_overwrite_refuses_to_move_the_draft_the_recipe_continues(tmp_path):
     with pytest.raises(ValueError, match=r"continues that draft \(draft.init_from"):
         claim_work_dir(work, identity, resume=False, overwrite=True)
     assert (work / "draft" / "config.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- recipe values
+
+
+def _train_cli(tmp_path, capsys, recipe_text: str, *args: str) -> tuple[int, str]:
+    """``eagle3-hub train --config r.yaml ARGS`` in this process: exit code and the one error line (stderr)."""
+    from eagle3_hub import cli
+
+    config = tmp_path / "r.yaml"
+    config.write_text(f"target:\n  name: nowhere/target\ndata:\n  sources: [a.jsonl]\nwork_dir: {tmp_path / 'w'}\n"
+                      + recipe_text)
+    capsys.readouterr()
+    code = cli.main(["train", "--config", str(config), *args])
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+    assert not (tmp_path / "w").exists()  # refused before anything is written
+    return code, err.strip()
+
+
+def test_a_recipe_flag_without_a_value_is_refused(tmp_path, capsys):
+    """The defect: `--train.lr` with no value set `lr: true`, trained at lr 1.0 and exited 0."""
+    code, err = _train_cli(tmp_path, capsys, "", "--train.lr")
+    assert code == 2 and "--train.lr needs a value, as in `--train.lr VALUE`" in err
+    code, err = _train_cli(tmp_path, capsys, "", "--train.lr", "--data.max_turns", "2")
+    assert code == 2 and "--train.lr needs a value" in err
+    from eagle3_hub.training.recipe import parse_overrides
+    assert parse_overrides(["--lora.enabled", "--data.regenerate"]) == {"lora": {"enabled": True},
+                                                                        "data": {"regenerate": True}}  # switches
+
+
+@pytest.mark.parametrize("text, says", [
+    ("train:\n  lr: true\n", "r.yaml: train.lr must be a positive number (default 0.0005), got true"),
+    ("train:\n  lr: -0.1\n", "train.lr must be a positive number"),
+    ("train:\n  lr: .nan\n", "train.lr must be a positive number"),
+    ("train:\n  betas: [0.9]\n", "train.betas must be a list of two numbers in [0, 1)"),
+    ("train:\n  batch_size: 2.5\n", "train.batch_size must be a positive integer (default 4), got 2.5"),
+    ("train:\n  group_by_length: \"yes\"\n", "train.group_by_length must be true or false (default true), got \"yes\""),
+    ("data:\n  max_new_tokens: many\n", "data.max_new_tokens must be a positive integer (default 384), got \"many\""),
+    ("data:\n  temperature: -1\n", "data.temperature must be a non-negative number"),
+    ("data:\n  regenerate_with: 3\n", "data.regenerate_with must be a string (default \"auto\"), got 3"),
+    ("lora:\n  dropout: 1.5\n", "lora.dropout must be a number in [0, 1)"),
+    ("stages:\n  - train:\n      lr: true\n", "stage 2: train.lr must be a positive number"),
+])
+def test_recipe_values_are_checked_against_their_type_and_range(tmp_path, capsys, text, says):
+    """The defect: recipe values were not type-checked; `lr: true` trained at 1.0."""
+    code, err = _train_cli(tmp_path, capsys, text)
+    assert code == 2 and says in err, err
+
+
+def test_a_bad_flag_value_names_the_flag(tmp_path, capsys):
+    code, err = _train_cli(tmp_path, capsys, "", "--train.warmup_steps", "-5")
+    assert code == 2 and "train.warmup_steps must be an integer >= 0 (default 50), got --train.warmup_steps=-5" in err
+
+
+def test_the_shipped_recipes_pass_the_value_checks():
+    from eagle3_hub.training.recipe import load_recipe, load_stages
+
+    recipes = sorted(Path(__file__).resolve().parent.parent.glob("recipes/*.yaml"))
+    assert recipes
+    for path in recipes:
+        load_stages(load_recipe(path))
+
+
+@pytest.mark.parametrize("args", [("--from-stage", "0"), ("--from-stage", "-1"), ("--data-only", "--from-stage", "5"),
+                                  ("--from-stage", "3")])
+def test_from_stage_outside_the_recipe_is_refused(tmp_path, capsys, args):
+    """The defect: `--from-stage 0` silently started at stage 1; `--data-only --from-stage 5` on a two-stage recipe
+    exited 0 having done nothing."""
+    code, err = _train_cli(tmp_path, capsys, "stages:\n  - train:\n      lr: 1.0e-4\n", *args)
+    n = args[-1]
+    assert code == 2 and f"--from-stage {n}: the recipe has stages 1 to 2" in err, err
