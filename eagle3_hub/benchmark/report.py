@@ -10,7 +10,7 @@ from pathlib import Path
 from ..atomic import atomic_path, atomic_write_text
 from .machine import describe_machine
 
-METHOD_ORDER = ("plain", "same_forward", "lookup", "assistant", "assisted", "tree")
+METHOD_ORDER = ("plain", "same_forward", "lookup", "assistant", "assisted", "tree", "oracle")
 
 
 def _fmt(x, spec: str, missing: str = "–") -> str:
@@ -66,8 +66,10 @@ def markdown_table(results: dict) -> str:
     # a second baseline when the run has it: plain decoding through tree decoding's own forward
     with_same = any(r.get("speedup_same_forward") is not None for r in rows)
     batched = any(r.get("batch", 1) > 1 for r in rows)
+    with_oracle = any(r.get("oracle_share") is not None for r in rows)
     header = ["Suite", "Mode"] + (["Batch"] if batched else []) + ["Method", "Tokens/s", "Speed-up"] + (["vs same forward"] if with_same else []) + [
-        "Accept. length", "Accepted at draft pos. 1/2/3/…", "Draft / verify / other", "Peak MB", "Lossless"]
+        "Accept. length"] + (["Of perfect draft"] if with_oracle else []) + [
+        "Accepted at draft pos. 1/2/3/…", "Draft / verify / other", "Peak MB", "Lossless"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         split = r["time_split"]
@@ -80,10 +82,12 @@ def markdown_table(results: dict) -> str:
             r["mode"],
             *([str(r.get("batch", 1))] if batched else []),
             r["method"],
-            _fmt(r["tokens_per_s"], ".1f"),
-            _fmt(r["speedup"], ".2f") + "×",
-            *([_fmt(r.get("speedup_same_forward"), ".2f") + "×"] if with_same else []),
+            "–" if r["method"].startswith("oracle") else _fmt(r["tokens_per_s"], ".1f"),
+            _fmt(r["speedup"], ".2f") + ("×" if r["speedup"] is not None else ""),
+            *([_fmt(r.get("speedup_same_forward"), ".2f") + ("×" if r.get("speedup_same_forward") is not None else "")]
+              if with_same else []),
             _fmt(r["mean_acceptance_length"], ".2f"),
+            *([_fmt(r.get("oracle_share"), ".0%")] if with_oracle else []),
             acceptance_text(r["acceptance_by_position"]),
             "–" if split["verify"] is None else
             f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['overhead']:.0f}%",
@@ -128,6 +132,11 @@ def markdown_report(results: dict) -> str:
         markdown_table(results),
         "",
     ]
+    if any(r["method"].startswith("oracle") for r in results["results"]):
+        parts += ["`oracle`: the target proposes each node's children itself (its own most probable tokens), in the "
+                  "same tree shape and walk: the acceptance a perfect draft would reach. It measures acceptance only; "
+                  "its speed means nothing (each tree level runs the target). 'Of perfect draft': a tree method's "
+                  "acceptance length over the oracle's with the same shape.", ""]
     if results.get("sweep"):
         parts += [sweep_table(results), ""]
     return "\n".join(parts)
