@@ -14,7 +14,7 @@ import threading
 import pytest
 import torch
 from scipy.stats import chisquare
-from tiny_models import left_padded, make_tiny_target
+from tiny_models import copy_draft, left_padded, make_tiny_target
 from transformers import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -45,22 +45,6 @@ from eagle3_hub.generation.tree.lookup import PromptLookup as _PromptLookup
 
 # full trees (min_node_prob 0): every test of the tree's logic verifies all its nodes
 TREE = {"depth": 5, "tree_top_k": 4, "total_tokens": 16, "min_node_prob": 0.0}
-
-
-def copy_draft(target, **kwargs) -> Eagle3DraftModel:
-    """A draft that proposes the target's own last prediction again (and again, down the tree): ``fc`` passes
-    the last aux feature (the target's final normalised hidden state), the decoder layer adds nothing, and
-    ``lm_head`` is the target's. On the repetitive text of random targets it is accepted often (several
-    tokens per step) and rejected elsewhere: both paths of the algorithm run."""
-    draft = Eagle3DraftModel.from_target(target, **kwargs)
-    H = target.config.hidden_size
-    with torch.no_grad():
-        draft.fc.weight.zero_()
-        draft.fc.weight[:, 2 * H :] = torch.eye(H)
-        draft.midlayer.self_attn.o_proj.weight.zero_()
-        draft.midlayer.mlp.down_proj.weight.zero_()
-        draft.lm_head.weight.copy_(target.get_output_embeddings().weight)
-    return draft.eval()
 
 
 def random_draft(target, seed=0, **kwargs) -> Eagle3DraftModel:

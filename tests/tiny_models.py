@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
+from eagle3_hub.benchmark.random_target import copy_draft  # noqa: F401  (the one copy draft, shared by the tests)
+
 ARCHITECTURES = ["llama", "qwen2", "qwen3", "mistral", "gemma2", "gemma3_text", "phi3"]
 
 _COMMON = dict(

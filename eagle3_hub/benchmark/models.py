@@ -6,6 +6,7 @@ import re
 
 import torch
 
+from ..generation.tree import load_draft
 from ..targets import default_draft
 from .options import DRAFT_METHODS
 
@@ -24,19 +25,6 @@ def resolve_draft(draft: str | None, target: str | None, methods: list[str]) -> 
         raise ValueError(f"{e} Or run only --methods plain,lookup.") from None
 
 
-def load_draft_for(target_model, draft_path: str, device: torch.device, dtype: torch.dtype,
-                   assistant_tokens: int | None = None):
-    """An EAGLE-3 draft (safetensors only) on ``device``/``dtype``, bound to ``target_model``."""
-    from ..modeling_eagle3 import Eagle3DraftModel
-
-    draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device)
-    draft.eval().requires_grad_(False)
-    draft.bind(target_model)
-    if assistant_tokens:
-        draft.generation_config.num_assistant_tokens = assistant_tokens
-    return draft
-
-
 def load_models(target: str | None, draft_path: str | None, device: torch.device, dtype: torch.dtype,
                 assistant_model: str | None = None, assistant_tokens: int | None = None,
                 allow_pickle: bool = False):
@@ -50,7 +38,9 @@ def load_models(target: str | None, draft_path: str | None, device: torch.device
     target_model, tokenizer = load_target(target, dtype=dtype, device=device, allow_pickle=allow_pickle)
     draft = None
     if draft_path is not None:
-        draft = load_draft_for(target_model, draft_path, device, dtype, assistant_tokens)
+        draft = load_draft(draft_path, target_model, assist=True)  # bound with the hooks the `assisted` method reads
+        if assistant_tokens:
+            draft.generation_config.num_assistant_tokens = assistant_tokens
     assistant = assistant_tok = None
     if assistant_model:
         from transformers import AutoModelForCausalLM, AutoTokenizer

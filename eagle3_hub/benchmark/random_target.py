@@ -34,7 +34,7 @@ from transformers.cache_utils import DynamicCache
 
 from ..atomic import atomic_write_json, atomic_write_text
 from ..generation.tree import attention_kernels
-from ..generation.tree import generate as tree_decode
+from ..generation.tree import generate
 from ..modeling_eagle3 import Eagle3DraftModel
 
 # Llama shapes by size (TinyLlama-1.1B for "1b"); "tiny" is for a CPU dry run of this script.
@@ -61,10 +61,11 @@ def random_target(size: str, device: str, seed: int = 0):
     return target.eval()
 
 
-def copy_draft(target) -> Eagle3DraftModel:
-    """A draft whose tree repeats the target's last prediction (see the module docstring)."""
-    L, H = target.config.num_hidden_layers, target.config.hidden_size
-    draft = Eagle3DraftModel.from_target(target, aux_layer_ids=[1, L // 2 - 1, L - 1], draft_vocab_size=target.config.vocab_size)
+def copy_draft(target, **kwargs) -> Eagle3DraftModel:
+    """A draft whose tree repeats the target's last prediction (see the module docstring); ``kwargs`` go to
+    ``Eagle3DraftModel.from_target``. The tests' copy draft too."""
+    H = target.config.hidden_size
+    draft = Eagle3DraftModel.from_target(target, **kwargs)
     with torch.no_grad():
         draft.fc.weight.zero_()
         draft.fc.weight[:, 2 * H:] = torch.eye(H, device=draft.fc.weight.device)
@@ -100,7 +101,7 @@ def lossless(target, draft, device, new_tokens: int, variant) -> dict:
     for p in ps:
         ids, mask = p[None], torch.ones_like(p[None])
         ref = plain_greedy(target, ids, mask, new_tokens)
-        out = tree_decode(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[],
+        out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[],
                           **_tree_kwargs(variant))
         rows.append({"prompt_len": len(p), "equal": bool(torch.equal(out.sequences, ref)),
                      "acceptance": round(out.stats.mean_acceptance_length, 2)})
@@ -109,7 +110,7 @@ def lossless(target, draft, device, new_tokens: int, variant) -> dict:
     mask = torch.zeros_like(ids)
     for i, p in enumerate(ps):
         ids[i, L - len(p):], mask[i, L - len(p):] = p, 1
-    out = tree_decode(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens // 2, eos_token_id=[],
+    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens // 2, eos_token_id=[],
                       **_tree_kwargs(variant))
     batch_equal = all(
         torch.equal(out.sequences[i, L:], plain_greedy(target, p[None], torch.ones_like(p[None]), new_tokens // 2)[0, len(p):])
@@ -124,7 +125,7 @@ def bf16_agreement(target, draft, device, new_tokens: int, variant) -> list[dict
     for p in prompts(target.config.vocab_size, (32, 100, 200), device, seed=2):
         ids, mask = p[None], torch.ones_like(p[None])
         ref = plain_greedy(target, ids, mask, new_tokens)[0, len(p):]
-        out = tree_decode(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[],
+        out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[],
                           **_tree_kwargs(variant)).sequences[0, len(p):]
         diff = (out != ref).nonzero()
         rows.append({"prompt_len": len(p), "first_divergence": int(diff[0]) if len(diff) else None,
@@ -192,7 +193,7 @@ def timing(target, draft, device, new_tokens: int, variants, num_prompts: int = 
     result["tree"] = []
     for variant in variants:
         def tree(p, m, variant=variant):
-            out = tree_decode(target, draft, *one(p), max_new_tokens=m, eos_token_id=[], **_tree_kwargs(variant))
+            out = generate(target, draft, *one(p), max_new_tokens=m, eos_token_id=[], **_tree_kwargs(variant))
             return out.stats.new_tokens, out.stats
         depth, k, n, lookup, graph = variant
         row = {"depth": depth, "top_k": k, "total_tokens": n, "lookup_tokens": lookup, "draft_graph": graph}
@@ -265,7 +266,8 @@ def run_random_target(size: str = "1b", device: str | None = None, new_tokens: i
 
     t0 = time.time()
     target = random_target(size, dev)
-    draft = copy_draft(target)
+    L = target.config.num_hidden_layers
+    draft = copy_draft(target, aux_layer_ids=[1, L // 2 - 1, L - 1], draft_vocab_size=target.config.vocab_size)
     shape = VARIANTS[0]
     r["lossless_shape"] = shape
     if "lossless" in phases:

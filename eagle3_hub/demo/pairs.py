@@ -128,8 +128,7 @@ class LoadedPair:
 def load_pair(pair: ModelPair) -> LoadedPair:
     """Load target and draft, bind them, and run one short warm-up race (so that first-call costs do not
     count against either pane)."""
-    from ..modeling_eagle3 import Eagle3DraftModel
-    from ..generation.tree import check_draft_fits_target
+    from ..generation.tree import load_draft
     from ..targets import load_target
 
     draft_path = resolve_draft(pair)
@@ -143,18 +142,10 @@ def load_pair(pair: ModelPair) -> LoadedPair:
     except Exception as e:
         raise DemoError(f"Could not load the target {pair.target!r}: {e}") from e
     try:
-        draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device).eval()
+        # bound without the feature hooks of assisted generation: they would tax every forward of the plain side
+        draft = load_draft(draft_path, target, bind=True)
     except Exception as e:
-        raise DemoError(f"Could not load the draft {draft_path!r}: {e}") from e
-    try:
-        check_draft_fits_target(draft, target)
-    except ValueError as e:
-        raise DemoError(f"Pair {pair.name!r}: {e}") from e
-    draft.bind(target)  # shares the target's embedding when the draft was saved without one
-    # bind() also hooks the target's layers for assisted generation; tree decoding reads hidden states itself,
-    # and the hooks would tax (and grow captures on) every forward of the plain side
-    draft.unbind(keep_target=True)
-    draft.requires_grad_(False)
+        raise DemoError(f"Pair {pair.name!r}: could not load the draft {draft_path!r} for its target: {e}") from e
     eos = target.generation_config.eos_token_id
     eos = [eos] if isinstance(eos, int) else list(eos or [])
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos:

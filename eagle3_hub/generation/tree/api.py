@@ -325,15 +325,31 @@ def _our_draft_class():
     return Eagle3DraftModel
 
 
-def load_draft(repo: str, target, revision: str | None = None, trust_remote_code: bool | None = False):
-    """Load (once per target) the EAGLE-3 draft stored in ``repo`` (a Hub id or a folder).
+def load_draft(repo: str, target, revision: str | None = None, trust_remote_code: bool | None = False, *,
+               bind: bool = False, assist: bool = False):
+    """Load (once per target) the EAGLE-3 draft stored in ``repo`` (a Hub id or a folder), on the target's device
+    and dtype: the one draft loader of eagle3-hub (tree decoding, ``custom_generate``, the bench, the demo, training).
 
     Code from ``repo`` runs only with the caller's ``trust_remote_code=True``: a draft of our own type loads
-    through ``Eagle3DraftModel`` when the package is installed, anything else needs the caller's consent."""
+    through ``Eagle3DraftModel`` when the package is installed, anything else needs the caller's consent.
+    ``bind=True``: also ``draft.bind(target)`` (the fit check, and the target's embedding where the draft has none)
+    without the feature hooks, which tree decoding does not read and which would tax every other target forward;
+    ``assist=True``: bound with the hooks, for ``target.generate(assistant_model=draft)``."""
     per_target = _LOADED_DRAFTS.setdefault(target, {})
     key = (repo, revision, trust_remote_code)
-    if key in per_target:
-        return per_target[key]
+    if key not in per_target:
+        per_target[key] = _read_draft(repo, target, revision, trust_remote_code)
+    draft = per_target[key]
+    if (bind or assist) and callable(getattr(draft, "bind", None)):
+        draft.bind(target)
+        if not assist:
+            draft.unbind(keep_target=True)
+    elif bind or assist:
+        check_draft_fits_target(draft, target)
+    return draft
+
+
+def _read_draft(repo: str, target, revision: str | None, trust_remote_code: bool | None):
     from transformers import AutoModel, PretrainedConfig
 
     weight = target.get_input_embeddings().weight
@@ -351,8 +367,7 @@ def load_draft(repo: str, target, revision: str | None = None, trust_remote_code
             "auto_map): if you trust the code in it, pass trust_remote_code=True, or load it yourself with "
             "AutoModel.from_pretrained(repo, trust_remote_code=True) and pass the model as draft=."
         )
-    per_target[key] = draft.to(weight.device).eval().requires_grad_(False)
-    return per_target[key]
+    return draft.to(weight.device).eval().requires_grad_(False)
 
 
 class _PausedFeatureHooks:
