@@ -7,11 +7,10 @@ from __future__ import annotations
 import itertools
 
 SAME_FORWARD = "same_forward"  # the second baseline: plain decoding through tree decoding's forward
-METHOD_NAMES = ("plain", SAME_FORWARD, "lookup", "assisted", "tree", "assistant", "oracle")
-# the methods that need an EAGLE-3 draft (oracle: the target proposes, on tree decoding's verifier for that draft)
-DRAFT_METHODS = ("assisted", "tree", "oracle")
+METHOD_NAMES = ("plain", SAME_FORWARD, "lookup", "assisted", "tree", "assistant")
+DRAFT_METHODS = ("assisted", "tree")  # the methods that need an EAGLE-3 draft
 TREE_KEY_TYPES = {"depth": int, "tree_top_k": int, "total_tokens": int, "lookup_tokens": int,
-                  "min_node_prob": float, "grow_min_prob": float, "adaptive": int}  # adaptive: 1 on, 0 off
+                  "min_node_prob": float, "grow_min_prob": float}
 TREE_KEYS = tuple(TREE_KEY_TYPES)
 
 SWEEP_DEFAULTS = {"depth": "3,5,7", "tree_top_k": "4,8", "total_tokens": "16,32,60"}
