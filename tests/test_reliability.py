@@ -125,3 +125,126 @@ def test_from_stage_outside_the_recipe_is_refused(tmp_path, capsys, args):
     code, err = _train_cli(tmp_path, capsys, "stages:\n  - train:\n      lr: 1.0e-4\n", *args)
     n = args[-1]
     assert code == 2 and f"--from-stage {n}: the recipe has stages 1 to 2" in err, err
+
+
+# ---------------------------------------------------------------------------------------------- demo --export-space
+
+
+def fake_wheel(folder: Path, version: str = "0.0.1") -> Path:
+    """A wheel of the right name with the METADATA the export reads (building the real one takes a minute)."""
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"eagle3_hub-{version}-py3-none-any.whl"
+    with zipfile.ZipFile(path, "w") as zf:
+        zf.writestr(f"eagle3_hub-{version}.dist-info/METADATA",
+                    f"Name: eagle3-hub\nVersion: {version}\nRequires-Dist: torch>=2.4\nRequires-Dist: gradio>=5\n")
+    return path
+
+
+def export(dest, wheel, capsys=None) -> tuple[int, str]:
+    from eagle3_hub import cli
+
+    if capsys is not None:
+        capsys.readouterr()
+    code = cli.main(["demo", "--export-space", str(dest), "--wheel", str(wheel)])
+    err = capsys.readouterr().err if capsys is not None else ""
+    assert "Traceback" not in err and len(err.strip().splitlines()) <= 1, err
+    return code, err.strip()
+
+
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+SPACE_FILES = {"app.py", "README.md", "pairs.yaml", "requirements.txt", "space-export.json"}
+pytest_space = pytest.mark.skipif(not (Path(__file__).resolve().parent.parent / "spaces" / "app.py").is_file(),
+                                  reason="needs the source tree (spaces/)")
+
+
+@pytest_space
+def test_export_space_keeps_everything_it_did_not_write(tmp_path, capsys):
+    """The defect: `demo --export-space s` replaced s whole, deleting s/.git and s/notes without a word."""
+    dest = tmp_path / "s"
+    (dest / ".git").mkdir(parents=True)
+    (dest / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (dest / "notes").mkdir()
+    (dest / "notes" / "t.txt").write_text("x")
+    mine = snapshot(dest)
+    assert export(dest, fake_wheel(tmp_path / "w"), capsys)[0] == 0
+    assert {k: v for k, v in snapshot(dest).items() if k in mine} == mine
+    assert {p.name for p in dest.iterdir()} == {".git", "notes", *SPACE_FILES, "eagle3_hub-0.0.1-py3-none-any.whl"}
+    lines = (dest / "requirements.txt").read_text().splitlines()
+    assert [x for x in lines if not x.startswith("#")] == ["torch>=2.4"]
+
+
+@pytest_space
+def test_export_space_refuses_to_replace_a_file_it_did_not_write(tmp_path, capsys):
+    dest = tmp_path / "s"
+    dest.mkdir()
+    (dest / "README.md").write_text("my Space, created on the Hub\n")
+    before = snapshot(dest)
+    code, err = export(dest, fake_wheel(tmp_path / "w"), capsys)
+    assert code == 2 and "holds README.md, which an earlier export did not write" in err, err
+    assert snapshot(dest) == before and [p.name for p in dest.iterdir()] == ["README.md"]  # no temporary leftovers
+    from eagle3_hub import cli
+    with pytest.raises(SystemExit):
+        cli.main(["demo", "--help"])
+    assert "replaced only when an earlier export wrote it" in " ".join(capsys.readouterr().out.split())  # the rule
+
+
+@pytest_space
+def test_export_space_replaces_its_own_earlier_export_but_not_an_edited_file(tmp_path, capsys):
+    """What users rely on: exporting again over the folder an export wrote replaces its files (an older wheel
+    included); a file changed since is the user's, and stops the export."""
+    dest = tmp_path / "s"
+    assert export(dest, fake_wheel(tmp_path / "w1", "0.0.1"), capsys)[0] == 0
+    (dest / "notes.txt").write_text("mine")
+    assert export(dest, fake_wheel(tmp_path / "w2", "0.0.2"), capsys)[0] == 0
+    assert {p.name for p in dest.iterdir()} == {*SPACE_FILES, "notes.txt", "eagle3_hub-0.0.2-py3-none-any.whl"}
+    (dest / "app.py").write_text("# my changes\n")
+    before = snapshot(dest)
+    code, err = export(dest, fake_wheel(tmp_path / "w3", "0.0.3"), capsys)
+    assert code == 2 and "holds app.py, which an earlier export did not write (or which changed since)" in err, err
+    assert snapshot(dest) == before
+
+
+@pytest_space
+def test_export_space_replaces_a_folder_an_older_release_exported(tmp_path, capsys):
+    """An export from before the manifest (recognised by its requirements.txt) is still replaced."""
+    dest = tmp_path / "s"
+    dest.mkdir()
+    for name in ("app.py", "README.md", "pairs.yaml"):
+        (dest / name).write_text("old\n")
+    (dest / "requirements.txt").write_text("# Written by `eagle3-hub demo --export-space`: the dependencies\ntorch\n")
+    fake_wheel(dest, "0.0.0")
+    assert export(dest, fake_wheel(tmp_path / "w", "0.0.1"), capsys)[0] == 0
+    assert {p.name for p in dest.iterdir()} == {*SPACE_FILES, "eagle3_hub-0.0.1-py3-none-any.whl"}
+
+
+@pytest_space
+def test_export_space_to_the_current_folder(tmp_path, capsys, monkeypatch):
+    """The defect: `--export-space .` failed and left ..tmp-* / ..old-* folders behind."""
+    wheel = fake_wheel(tmp_path / "w")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert export(".", wheel, capsys)[0] == 0
+    assert {p.name for p in here.iterdir()} == {*SPACE_FILES, wheel.name}
+    assert {p.name for p in tmp_path.iterdir()} == {"w", "here"}
+    # a folder that holds other files of the same names (a source checkout, say): refused, nothing left behind
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "README.md").write_text("a project\n")
+    monkeypatch.chdir(repo)
+    code, err = export(".", wheel, capsys)
+    assert code == 2 and "README.md, which an earlier export did not write" in err
+    assert [p.name for p in repo.iterdir()] == ["README.md"] and {p.name for p in tmp_path.iterdir()} == {"w", "here", "repo"}
+
+
+@pytest_space
+def test_export_space_never_writes_into_a_vcs_folder(tmp_path, capsys):
+    (tmp_path / "s" / ".git").mkdir(parents=True)
+    code, err = export(tmp_path / "s" / ".git", fake_wheel(tmp_path / "w"), capsys)
+    assert code == 2 and "version-control folder" in err
+    assert list((tmp_path / "s" / ".git").iterdir()) == []

@@ -26,7 +26,9 @@ def add_arguments(parser: argparse.ArgumentParser):
     g = parser.add_argument_group("Hugging Face Space")
     g.add_argument("--export-space", metavar="DIR", default=None,
                    help="write a self-sufficient Space folder to DIR (app.py, README.md, pairs.yaml, requirements.txt and a "
-                        "wheel of this package built here) instead of starting the demo; push DIR as the Space")
+                        "wheel of this package built here) instead of starting the demo; push DIR as the Space. DIR may be "
+                        "new, or hold anything else (a clone's .git, notes: kept): a file of those names is replaced only "
+                        "when an earlier export wrote it, unchanged since (space-export.json records them)")
     g.add_argument("--wheel", default=None,
                    help="with --export-space: bundle this eagle3-hub wheel instead of building one from the source tree")
 
