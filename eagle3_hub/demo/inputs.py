@@ -4,14 +4,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from .racing import Settings
-
-if TYPE_CHECKING:
-    from .pairs import LoadedPair
+from .racing import LoadedPair, Settings
 
 
 class DemoError(ValueError):

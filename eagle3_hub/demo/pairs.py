@@ -7,12 +7,10 @@ import threading
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import torch
-
 from ..devices import resolve_device, resolve_dtype
 from ..targets import EMBEDDED_TARGET, reference_draft
 from .inputs import DemoError
-from .racing import PANE_TITLES, Settings, race
+from .racing import PANE_TITLES, LoadedPair, Settings, race
 
 EMBEDDED_PAIR = EMBEDDED_TARGET
 
@@ -99,30 +97,6 @@ def resolve_draft(pair: ModelPair) -> str:
             raise DemoError(f"Draft folder {path} has no config.json: is it a saved EAGLE-3 draft?")
         return str(path)
     return pair.draft
-
-
-@dataclass
-class LoadedPair:
-    pair: ModelPair
-    target: torch.nn.Module
-    tokenizer: object
-    draft: torch.nn.Module
-    device: torch.device
-    eos_token_ids: list[int]
-
-    @property
-    def context_length(self) -> int:
-        return int(getattr(self.target.config.get_text_config(), "max_position_embeddings", 2048) or 2048)
-
-    def encode(self, messages: list[dict]) -> torch.Tensor:
-        """Chat messages -> (1, n) input ids, through the tokenizer's chat template when it has one."""
-        tok = self.tokenizer
-        if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-            ids = tok(text, add_special_tokens=False).input_ids
-        else:  # a base model: the turns one after the other
-            ids = tok("\n\n".join(m["content"] for m in messages)).input_ids
-        return torch.tensor([ids], dtype=torch.long, device=self.device)
 
 
 def load_pair(pair: ModelPair) -> LoadedPair:

@@ -8,14 +8,37 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
-    from .pairs import LoadedPair
-
 logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LoadedPair:
+    """A target and its draft, loaded and bound (``pairs.load_pair``): what a race runs on."""
+
+    pair: object  # the pairs.ModelPair it was loaded from
+    target: torch.nn.Module
+    tokenizer: object
+    draft: torch.nn.Module
+    device: torch.device
+    eos_token_ids: list[int]
+
+    @property
+    def context_length(self) -> int:
+        return int(getattr(self.target.config.get_text_config(), "max_position_embeddings", 2048) or 2048)
+
+    def encode(self, messages: list[dict]) -> torch.Tensor:
+        """Chat messages -> (1, n) input ids, through the tokenizer's chat template when it has one."""
+        tok = self.tokenizer
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            ids = tok(text, add_special_tokens=False).input_ids
+        else:  # a base model: the turns one after the other
+            ids = tok("\n\n".join(m["content"] for m in messages)).input_ids
+        return torch.tensor([ids], dtype=torch.long, device=self.device)
+
 
 PANE_TITLES = {"plain": "Plain decoding", "eagle": "EAGLE-3 tree decoding"}
 
