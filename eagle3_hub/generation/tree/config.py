@@ -65,6 +65,11 @@ class TreeConfig:
     draft_graph: run the draft's levels on fixed shapes, as one CUDA graph per (rows, depth) on CUDA (launches,
         not work, cost the time of a small draft at batch 1); default on CUDA only. It replays one tree shape, so
         ``min_node_prob`` and ``grow_min_prob`` default to 0 with it.
+    adaptive: choose each step's tree at run time (``controller.py``): from each row's running acceptance by draft
+        position and the machine's measured costs, the depth (and its nodes) with the most expected tokens per
+        second, down to no tree (one token per row); the shape above is then the largest it may choose. Default
+        (``None``): on, unless ``depth``, ``tree_top_k`` or ``total_tokens`` is given, which asks for that fixed
+        shape; ``True`` with a shape makes it the largest; ``False`` is the fixed shape, given or default.
     """
 
     depth: int | None = None
@@ -74,6 +79,7 @@ class TreeConfig:
     min_node_prob: float | None = None
     grow_min_prob: float | None = None
     draft_graph: bool | None = None
+    adaptive: bool | None = None
 
     def replace(self, **overrides) -> "TreeConfig":
         """A copy with the given fields set (``None`` values are ignored: they keep this config's)."""
@@ -96,16 +102,20 @@ class TreeConfig:
             grow_min_prob=(0.0 if graph else defaults["grow_min_prob"]) if self.grow_min_prob is None
             else self.grow_min_prob,
             draft_graph=graph,
+            adaptive=(self.depth is None and self.tree_top_k is None and self.total_tokens is None)
+            if self.adaptive is None else self.adaptive,
         )
         c._check(draft_vocab, do_sample)
         return replace(c, min_node_prob=float(c.min_node_prob), grow_min_prob=float(c.grow_min_prob),
-                       draft_graph=bool(c.draft_graph))
+                       draft_graph=bool(c.draft_graph), adaptive=bool(c.adaptive))
 
     def _check(self, draft_vocab: int, do_sample: bool):
         for name in ("depth", "tree_top_k", "total_tokens"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(f"adaptive must be True, False or None (None: on unless a shape is given), got {self.adaptive!r}")
         n = self.lookup_tokens
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"lookup_tokens must be a non-negative integer (0: no lookup branch), got {n!r}")
@@ -140,4 +150,4 @@ class TreeConfig:
         shape["top_k"] = shape.pop("tree_top_k")
         del shape["draft_graph"]
         return {k: shape[k] for k in ("depth", "top_k", "total_tokens", "lookup_tokens", "min_node_prob",
-                                      "grow_min_prob")}
+                                      "grow_min_prob", "adaptive")}

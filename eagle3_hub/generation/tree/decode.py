@@ -14,6 +14,8 @@ import torch
 
 from .acceptance import Processing, accept_greedy, accept_walk
 from .config import TreeConfig
+from .controller import StepShape, TreeController
+from .costs import step_costs
 from .drafting import Drafter
 from .lookup import PromptLookup
 from .outputs import PhaseClock, TreeDecodingStats
@@ -34,6 +36,8 @@ class TreeDecoder:
         self.clock = PhaseClock(self.stats, self.device)
         self.verifier = Verifier(target, draft.config.aux_layer_ids, self.stats, self.clock)
         self.drafter = Drafter(draft, target, config, self.stats)
+        self.target, self.draft = target, draft
+        self.controller: TreeController | None = None
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
         """Decode; returns each row's prompt + new tokens, right-padded to a common length."""
@@ -45,6 +49,9 @@ class TreeDecoder:
         self.rows = list(range(b))
         self.forwards = [1] * b  # target forwards per row (its prefill included)
         self.processing.reserve(b * (c.total_tokens + c.lookup_tokens + 1), self.device)
+        if c.adaptive:  # the machine's costs: measured once per models, device and dtype, then from the cache
+            costs = step_costs(self.target, self.draft, c, b, c.total_tokens + c.lookup_tokens + 1)
+            self.controller = TreeController(c, costs, b, row_depths=self.drafter.levels is None)
         capacity = L + self.max_new_tokens + c.total_tokens + c.lookup_tokens + c.depth + 16
         self.verifier.start(capacity)
         self.drafter.start(b, capacity)
@@ -67,10 +74,21 @@ class TreeDecoder:
 
         while self.rows:
             remaining = max(self.max_new_tokens - self.generated[r] for r in self.rows)
-            depth = min(c.depth, remaining - 1)
-            if self.drafter.levels is not None and depth >= 1:
-                depth = c.depth  # one shape (one graph) to the end: _emit stops each row at max_new_tokens
-            self.step(depth, min(c.lookup_tokens, remaining - 1))
+            chain = self._lookup_chain(min(c.lookup_tokens, remaining - 1))
+            if self.controller is None:
+                depth = min(c.depth, remaining - 1)
+                if self.drafter.levels is not None and depth >= 1:
+                    depth = c.depth  # one shape (one graph) to the end: _emit stops each row at max_new_tokens
+                self.step(depth, chain)
+                continue
+            t0 = time.perf_counter()
+            rows = list(self.rows)
+            shape = self.controller.choose(rows, 0 if chain is None else chain.shape[1],
+                                           max_depth=None if self.drafter.levels is not None else remaining - 1)
+            accepted = self.step(shape.depth, chain if shape.depth else None, shape)
+            self.controller.observe(rows, shape, accepted, time.perf_counter() - t0)
+        if self.controller is not None:
+            self.stats.tree_steps = dict(self.controller.chosen)
 
         self.clock.finish()
         new_max = max(self.generated) if self.generated else 0
@@ -81,15 +99,19 @@ class TreeDecoder:
         st.mean_acceptance_length = st.new_tokens / max(sum(self.forwards), 1)
         return [row + [self.pad_id] * (L + new_max - len(row)) for row in self.tokens]
 
-    def step(self, depth: int, lookup: int = 0):
-        """One draft + verify + accept + compact step. ``depth`` (tree levels) and ``lookup`` (lookup branch
-        length) may be below the configured ones near max_new_tokens; depth 0 is a plain target step."""
+    def step(self, depth: int, chain: torch.Tensor | None = None, shape: StepShape | None = None) -> list[int]:
+        """One draft + verify + accept + compact step. ``depth`` (tree levels; depth 0 is a plain target step) may be
+        below the configured one near max_new_tokens; ``chain`` the lookup branch (b, m), proposed by the caller
+        (host work while the device is idle); ``shape`` the adaptive controller's choice (default: the config's).
+        Returns the draft tokens each row (active at the start) accepted."""
         b = len(self.rows)
-        # 1. propose: the lookup branch (host work while the device is idle), then the draft tree
-        chain = self._lookup_chain(lookup)
+        # 1. propose: the draft tree next to the lookup branch
         if depth >= 1:
             t0 = self.clock.now()
-            nodes = self.drafter.draft_tree(depth, self.next_pos, self.holes)
+            step = {} if shape is None else dict(
+                top_k=shape.top_k, total_tokens=shape.total_tokens,
+                row_depth=None if shape.row_depth is None else torch.tensor(shape.row_depth, device=self.device))
+            nodes = self.drafter.draft_tree(depth, self.next_pos, self.holes, **step)
             self.clock.add("draft_time_s", t0, self.clock.now())
         else:
             nodes = (torch.zeros(b, 0, dtype=torch.long, device=self.device),) * 3
@@ -120,9 +142,10 @@ class TreeDecoder:
         finished = self._emit_all([h[3 + W - h[0] :] + [h[1]] for h in host], [h[0] for h in host],
                                   [bool(h[2]) for h in host])
         self.stats.steps += 1
+        accepted_rows = [h[0] for h in host]
         if len(finished) == b:
             self.rows = []
-            return
+            return accepted_rows
 
         # 4. compact: the target cache keeps the accepted paths; their features go to the draft
         A = max(h[0] for h in host) + 1
@@ -136,6 +159,7 @@ class TreeDecoder:
         self.next_pos = self.next_pos + accepted + 1
         self.root = bonus
         self._drop_rows(finished)
+        return accepted_rows
 
     # ------------------------------------------------------------------ helpers
     def _lookup_chain(self, lookup: int) -> torch.Tensor | None:

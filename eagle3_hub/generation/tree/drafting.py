@@ -51,10 +51,15 @@ class Drafter:
     def start(self, b: int, capacity: int):
         self.cache = TreeKVCache(1, capacity)
         self.valid = torch.zeros(b, 0, dtype=torch.bool, device=self.device)  # (b, Td) context slots that are tokens
+        self.pending, self.unread = None, False
 
     def queue(self, feats, tokens, positions, valid):
-        """The accepted slots' target features (b, A, F), each with the token after it, for the next tree."""
-        self.pending = (feats, tokens, positions, valid)
+        """The accepted slots' target features (b, A, F), each with the token after it, for the next tree; after
+        those of steps without a tree, which the draft has not read yet."""
+        new = (feats, tokens, positions, valid)
+        if self.unread:
+            new = tuple(torch.cat([old, t], dim=1) for old, t in zip(self.pending, new))
+        self.pending, self.unread = new, True
 
     def select_rows(self, idx: torch.Tensor):
         self.cache.select_rows(idx)
@@ -89,11 +94,16 @@ class Drafter:
         return torch.log_softmax(logits.float(), dim=-1).clamp_max(-1e-4)
 
     # ------------------------------------------------------------------ the tree
-    def draft_tree(self, depth: int, next_pos: torch.Tensor, holes: bool):
+    def draft_tree(self, depth: int, next_pos: torch.Tensor, holes: bool, top_k: int | None = None,
+                   total_tokens: int | None = None, row_depth: torch.Tensor | None = None):
         """Read the pending features, then build a tree of up to ``depth`` levels under each row's root (at position
         ``next_pos`` (b,)). Returns node tokens (b, N) (target ids), parent slots (b, N) (0 = root, node i is slot
-        i+1) and depths (b, N); parents precede their children."""
+        i+1) and depths (b, N); parents precede their children. ``top_k`` / ``total_tokens``: this step's (default:
+        the config's); ``row_depth`` (b,): each row's nodes from its first ``row_depth`` levels only."""
+        if top_k is not None:
+            self.top_k, self.total_tokens = top_k, total_tokens
         feats, tokens, positions, valid = self.pending
+        self.unread = False
         b, A = tokens.shape
         k = self.top_k
         Td = self.cache.length
@@ -112,7 +122,7 @@ class Drafter:
         # a node at depth d comes with its d - 1 ancestors, so no node past depth total_tokens can be selected: those
         # levels are not drafted (the same tree)
         depth = min(depth, self.total_tokens)
-        tree = self.grow(depth, score, token, hidden[:, -1:], self.valid[:, None, :], self.cache, next_pos)
+        tree = self.grow(depth, score, token, hidden[:, -1:], self.valid[:, None, :], self.cache, next_pos, row_depth)
         self.cache.rollback()  # the tree's draft slots are not context
         return tree
 
@@ -122,10 +132,11 @@ class Drafter:
         rarely be accepted). One sync; never with draft_graph."""
         return self.grow_logp is None or bool((f_score >= self.grow_logp).any())
 
-    def grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos):
+    def grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos, row_depth=None):
         """Levels 2..depth of the tree from the root's k children (score, token: (b, k); root_hidden (b, 1, H)),
         then the best ``total_tokens`` nodes of the pool. ``ctx_allowed`` (b, 1, C): the draft context slots of
-        ``cache`` each row may read; the levels append their slots to ``cache`` after them."""
+        ``cache`` each row may read; the levels append their slots to ``cache`` after them. ``row_depth`` (b,):
+        a row takes its nodes from its first ``row_depth`` levels only (they must hold ``total_tokens``)."""
         dev = self.device
         b, k = score.shape
         H = root_hidden.shape[-1]
@@ -168,6 +179,12 @@ class Drafter:
         pool_score = torch.cat(pool_score, dim=1)  # (b, P)
         P = pool_score.shape[1]
         pool_parent[0] = torch.full((b, k), P, dtype=torch.long, device=dev)  # index P = the root
+        pool_depth = torch.cat(
+            [torch.ones(k, dtype=torch.long, device=dev)]
+            + [torch.full((k * k,), d, dtype=torch.long, device=dev) for d in range(2, len(pool_tok) + 1)]
+        )
+        if row_depth is not None:  # a row's deeper candidates are never selected: its nodes go nearer its root
+            pool_score = pool_score.masked_fill(pool_depth[None, :] > row_depth[:, None], float("-inf"))
         N = min(self.total_tokens, P)
         if self.min_node_logp is not None:  # fewer nodes where the draft gives the rest little chance (one sync)
             N = max(1, min(N, int((pool_score >= self.min_node_logp).sum(-1).max())))
@@ -177,10 +194,6 @@ class Drafter:
         parent_pool = torch.cat(pool_parent, dim=1).gather(1, selected)
         node_parent = slot_of.gather(1, parent_pool) + 1  # slot of the parent, root = 0
         node_tok = torch.cat(pool_tok, dim=1).gather(1, selected)
-        pool_depth = torch.cat(
-            [torch.ones(k, dtype=torch.long, device=dev)]
-            + [torch.full((k * k,), d, dtype=torch.long, device=dev) for d in range(2, len(pool_tok) + 1)]
-        )
         node_depth = pool_depth[selected]
         return node_tok, node_parent, node_depth
 
@@ -199,9 +212,9 @@ class DraftLevels:
     def __call__(self, drafter: Drafter, depth: int, score, token, root_hidden, next_pos):
         ctx = drafter.cache
         b, k = score.shape
-        key = (b, depth, ctx.buffer.data_ptr(), ctx.buffer.shape[4])
+        key = (b, depth, k, drafter.total_tokens, ctx.buffer.data_ptr(), ctx.buffer.shape[4])
         if key not in self.entries:  # those of an old context buffer or of more rows are not used again
-            self.entries = {e: v for e, v in self.entries.items() if e[2:] == key[2:] and e[0] == b}
+            self.entries = {e: v for e, v in self.entries.items() if e[4:] == key[4:] and e[0] == b}
             static = {
                 "score": score.clone(),
                 "token": token.clone(),

@@ -33,8 +33,9 @@ class TreeDecodingStats:
     verify_time_s: float = 0.0
     overhead_time_s: float = 0.0
     total_time_s: float = 0.0
-    tree: dict[str, int] = field(default_factory=dict)
+    tree: dict[str, int] = field(default_factory=dict)  # the shape (adaptive: the largest the controller may choose)
     lean_forward: bool = False  # verifications ran through LeanTargetForward, not transformers' forward
+    tree_steps: dict[str, int] = field(default_factory=dict)  # adaptive: steps per chosen shape ("d/k/n", "none")
 
     def per_step_ms(self) -> dict[str, float]:
         """Average milliseconds per decoding step: draft / verify / overhead."""
@@ -52,6 +53,7 @@ class TreeDecodingStats:
             f"{self.new_tokens} new tokens in {self.total_time_s:.2f} s ({tps:.1f} tok/s), {self.target_forwards} "
             f"target forwards, mean acceptance length {self.mean_acceptance_length:.2f}; per step: draft "
             f"{ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms, overhead {ms['overhead']:.1f} ms; tree {self.tree}"
+            + (f", steps by shape {self.tree_steps}" if self.tree_steps else "")
         )
 
 

@@ -1,0 +1,151 @@
+"""The adaptive tree: each step's shape chosen at run time to maximise expected tokens per second.
+
+A step of depth d verifies ``nodes(d)`` draft nodes per row (the configured tree cut to its first d levels, nodes
+in proportion) and yields per row ``1 + sum_{j<=d} prod_{i<=j} alpha_i``, where ``alpha_i`` is that row's running
+chance (an exponential moving average) that draft position i is accepted once position i - 1 was. It costs
+``verify(rows, 1 + nodes(d) + lookup) + draft(rows, d) + residual`` from the machine's measured costs
+(``costs.py``); the residual, an average of each kind of step's measured time minus the modelled part, covers what
+the table leaves out (acceptance, compaction, host work). Depth 0 is no tree: one token per row through the same
+forward. The controller picks the depth with the most expected tokens per second over the batch's rows; finished
+rows have left the batch and weigh nothing.
+
+Within the step, a row whose positions are rarely reached gets a shallower tree (``row_depth``): its nodes are its
+draft's best candidates of the first levels, alternatives near its root, where its acceptance happens. The node
+count is the step's for every row (one rectangular verification).
+
+While no tree is drafted nothing is learnt about acceptance, so each row's estimates relax towards the prior at
+every step without a tree: a batch that stopped drafting tries a tree again after a while. Only which candidates
+are verified changes, so the output is the target's whatever the controller chooses.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import TreeConfig
+from .costs import StepCosts
+
+PRIOR_ACCEPT = 0.6  # a new row's chance that a draft position is accepted (a draft trained for the target)
+RATE = 0.25  # weight of a step's observation in the running averages
+RELAX = 0.05  # per step without a tree: estimates move this share of the way back to the prior
+RESIDUAL_STEPS = 9  # steps of each kind the residual is the median of
+MIN_REACH = 0.1  # a row's tree stops at the level it reaches with less than this chance
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One step's tree: ``depth`` levels (0: no tree), ``top_k`` children per expanded node, ``total_tokens``
+    nodes per row, ``row_depth`` (per active row, or None: ``depth``) the levels each row's nodes come from."""
+
+    depth: int
+    top_k: int
+    total_tokens: int
+    row_depth: tuple[int, ...] | None = None
+    lookup: int = 0  # the lookup branch's tokens riding with the tree
+
+    @property
+    def label(self) -> str:
+        return "none" if self.depth == 0 else f"{self.depth}/{self.top_k}/{self.total_tokens}"
+
+
+def nodes_at(config: TreeConfig, depth: int) -> int:
+    """Nodes of the configured tree cut to ``depth`` levels: its nodes in proportion (at least one per level),
+    no more than it has or ``depth`` levels of ``tree_top_k`` children can offer."""
+    if depth < 1:
+        return 0
+    k = config.tree_top_k
+    pool = k + (depth - 1) * k * k
+    return min(config.total_tokens, pool, max(depth, math.ceil(config.total_tokens * depth / config.depth)))
+
+
+def levels_for(nodes: int, top_k: int) -> int:
+    """The fewest levels whose candidates (``top_k + (levels - 1) * top_k**2``) hold ``nodes``."""
+    if nodes <= top_k:
+        return 1
+    return 1 + math.ceil((nodes - top_k) / (top_k * top_k))
+
+
+class TreeController:
+    """Per-row acceptance estimates (``alpha``: original row -> one per draft position) and the choice of each
+    step's ``StepShape``. ``row_depths``: whether rows may get shallower trees than the step's (not with the
+    fixed-shape draft graph)."""
+
+    def __init__(self, config: TreeConfig, costs: StepCosts, rows: int, row_depths: bool = True,
+                 prior: float = PRIOR_ACCEPT):
+        self.config, self.costs, self.row_depths, self.prior = config, costs, row_depths, prior
+        self.alpha = torch.full((rows, config.depth), prior, dtype=torch.float64)
+        # seconds per step the cost table leaves out, by kind (tree steps, plain steps): the median of the last
+        # RESIDUAL_STEPS, so that a one-off (a first shape's warm-up, another process) does not decide
+        self.residual = {True: 0.0, False: 0.0}
+        self.extras: dict[bool, list[float]] = {True: [], False: []}
+        self.chosen: dict[str, int] = {}
+
+    # ------------------------------------------------------------------ the choice
+    def shape(self, depth: int) -> StepShape:
+        n = nodes_at(self.config, depth)
+        return StepShape(depth, min(self.config.tree_top_k, max(n, 1)), n)
+
+    def expected_tokens(self, rows: list[int], depth: int) -> torch.Tensor:
+        """(len(rows),) tokens each row is expected to commit in a step of ``depth`` levels (the bonus token
+        included)."""
+        if depth < 1:
+            return torch.ones(len(rows), dtype=torch.float64)
+        reach = self.alpha[rows, :depth].cumprod(dim=1)
+        return 1.0 + reach.sum(dim=1)
+
+    def step_seconds(self, rows: int, depth: int, lookup: int = 0) -> float:
+        """Modelled seconds of a step of ``depth`` levels (with a lookup branch of ``lookup`` tokens) for ``rows``."""
+        if depth < 1:
+            return self.costs.verify_s(rows, 1)
+        s = self.shape(depth)
+        return self.costs.verify_s(rows, 1 + s.total_tokens + lookup) + self.costs.draft_s(rows, depth)
+
+    def choose(self, rows: list[int], lookup: int = 0, max_depth: int | None = None) -> StepShape:
+        """The shape of the next step for the active ``rows`` (original indices), a lookup branch of ``lookup``
+        tokens riding with any tree: the depth with the most expected tokens per second."""
+        top = self.config.depth if max_depth is None else min(self.config.depth, max_depth)
+        best, best_rate = 0, -1.0
+        for depth in range(top + 1):
+            tree = depth >= 1
+            modelled = self.step_seconds(len(rows), depth, lookup)
+            seconds = max(modelled + self.residual[tree], 0.1 * modelled, 1e-9)
+            rate = float(self.expected_tokens(rows, depth).sum()) / seconds
+            if rate > best_rate:
+                best, best_rate = depth, rate
+        shape = self.shape(best)
+        if best >= 1:
+            row_depth = self._row_depths(rows, shape) if self.row_depths else None
+            shape = StepShape(shape.depth, shape.top_k, shape.total_tokens, row_depth, lookup)
+        self.chosen[shape.label] = self.chosen.get(shape.label, 0) + 1
+        return shape
+
+    def _row_depths(self, rows: list[int], shape: StepShape) -> tuple[int, ...] | None:
+        """Per row: the deepest level it reaches with at least MIN_REACH chance, no shallower than the levels
+        that hold the step's nodes; None when every row keeps the step's depth."""
+        reach = self.alpha[rows, : shape.depth].cumprod(dim=1)
+        deep = (reach >= MIN_REACH).sum(dim=1).clamp(min=levels_for(shape.total_tokens, shape.top_k), max=shape.depth)
+        depths = tuple(int(d) for d in deep)
+        return None if all(d == shape.depth for d in depths) else depths
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, rows: list[int], shape: StepShape, accepted: list[int], seconds: float | None = None):
+        """After a step with ``shape`` over ``rows``: ``accepted`` draft tokens per row; ``seconds`` the step's
+        measured time (updates the residual of its kind)."""
+        depth = shape.depth
+        if depth >= 1:
+            row_depth = shape.row_depth or (depth,) * len(rows)
+            for r, a, d in zip(rows, accepted, row_depth):
+                reached = min(a + 1, d)  # positions 1..reached were tried; the first a accepted
+                hit = (torch.arange(reached) < a).double()
+                self.alpha[r, :reached] += RATE * (hit - self.alpha[r, :reached])
+        else:
+            self.alpha[rows] += RELAX * (self.prior - self.alpha[rows])
+        if seconds is not None:
+            tree = depth >= 1
+            extras = self.extras[tree]
+            extras.append(seconds - self.step_seconds(len(rows), depth, shape.lookup))
+            del extras[:-RESIDUAL_STEPS]
+            self.residual[tree] = sorted(extras)[len(extras) // 2]

@@ -1,0 +1,346 @@
+"""The adaptive tree: the cost model (measured, cached, reused), the controller's decisions on synthetic costs, and
+tree decoding staying the target's (greedy token for token, sampling in distribution) whatever it chooses. Tiny
+random float32 targets; no timed assertions."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+from scipy.stats import chisquare
+from test_tree_decoding import _exact_three_token_distribution, copy_draft, plain_greedy, prompt, random_draft
+from tiny_models import left_padded, make_tiny_target
+from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+from eagle3_hub.generation.tree import TreeConfig, custom_generate_files, generate, verification
+from eagle3_hub.generation.tree import costs as costs_mod
+from eagle3_hub.generation.tree.controller import StepShape, TreeController, levels_for, nodes_at
+from eagle3_hub.generation.tree.costs import StepCosts, monotone, step_costs
+from eagle3_hub.generation.tree.drafting import Drafter
+from eagle3_hub.generation.tree.outputs import TreeDecodingStats
+
+
+@pytest.fixture(autouse=True)
+def _own_cache(tmp_path, monkeypatch):
+    """Cost tables go to a fresh cache per test, and nothing is remembered across tests."""
+    monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(costs_mod, "_memo", {})
+
+
+# ------------------------------------------------------------------------------------------- forced choices
+def force_shapes(monkeypatch, seed=0, sequence=(0, 1, "max", 2, 0, "max", 1)):
+    """Make the controller change the tree every step, through ``sequence`` (depths; "max": the configured depth;
+    0: no tree), each row capped at a random depth of its own where the step's nodes allow. Returns the list of
+    shapes it handed out."""
+    rng = random.Random(seed)
+    handed: list[StepShape] = []
+
+    def choose(self, rows, lookup=0, max_depth=None):
+        want = sequence[len(handed) % len(sequence)]
+        depth = self.config.depth if want == "max" else min(want, self.config.depth)
+        if max_depth is not None:
+            depth = min(depth, max_depth)
+        shape = self.shape(depth)
+        if depth >= 1:
+            low = levels_for(shape.total_tokens, shape.top_k)
+            caps = tuple(rng.randint(min(low, depth), depth) for _ in rows) if self.row_depths else None
+            shape = StepShape(shape.depth, shape.top_k, shape.total_tokens, caps, lookup)
+        handed.append(shape)
+        self.chosen[shape.label] = self.chosen.get(shape.label, 0) + 1
+        return shape
+
+    monkeypatch.setattr(TreeController, "choose", choose)
+    return handed
+
+
+ADAPTIVE_TREE = {"depth": 5, "tree_top_k": 4, "total_tokens": 16, "min_node_prob": 0.0, "adaptive": True}
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "phi3"])
+def test_greedy_equals_plain_while_the_tree_changes_every_step(arch, monkeypatch):
+    target = make_tiny_target(arch)
+    draft = copy_draft(target)
+    ids = prompt(seed=2)
+    ref = plain_greedy(target, ids, 80)
+    handed = force_shapes(monkeypatch)
+    out = generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], **ADAPTIVE_TREE)
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.tree["adaptive"] is True
+    labels = {s.label for s in handed}
+    assert {"none", "1/4/4", "2/4/7", "5/4/16"} <= labels  # no tree, shallow and full trees all ran
+    assert out.stats.tree_steps == {label: sum(s.label == label for s in handed) for label in labels}
+    assert any(s.row_depth and len(set(s.row_depth)) == 1 and s.row_depth[0] < s.depth for s in handed)
+    assert out.stats.target_forwards < 80  # trees were accepted between the steps without one
+
+
+def test_greedy_batch_with_lookup_and_eos_while_the_tree_changes(monkeypatch):
+    """Rows with their own depths, a lookup branch riding with the trees, rows finishing at different steps."""
+    target = make_tiny_target("llama")
+    draft = random_draft(target)
+    prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4), (9, 5), (7, 6))]
+    alone0 = plain_greedy(target, prompts[0][None], 70)
+    eos = int(alone0[0, 5 + 15])
+    ids, mask = left_padded(prompts)
+    L = ids.shape[1]
+    handed = force_shapes(monkeypatch, seed=1, sequence=(0, "max", 0, 0, 1, "max", 3, 2))
+    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=70, eos_token_id=eos, lookup_tokens=6,
+                   **ADAPTIVE_TREE)
+    lengths = []
+    for i, p in enumerate(prompts):
+        alone = plain_greedy(target, p[None], 70, eos=eos)[0, len(p):]
+        assert torch.equal(out.sequences[i, L : L + len(alone)], alone), f"row {i}"
+        lengths.append(len(alone))
+    assert len(set(lengths)) > 1 and sum(lengths) == out.stats.new_tokens
+    assert any(s.row_depth and len(set(s.row_depth)) > 1 for s in handed)  # rows of one step had their own depths
+    assert any(s.lookup for s in handed) and all(s.lookup == 0 for s in handed if s.depth == 0)
+
+
+def test_draft_reads_the_tokens_of_steps_without_a_tree():
+    """A step without a tree queues its accepted token's features after those not yet read: the draft's next
+    read takes them all, so its context has every committed position once, in order."""
+    target = make_tiny_target("llama")
+    draft = random_draft(target)
+    config = TreeConfig(depth=2, tree_top_k=2, total_tokens=3, lookup_tokens=0, min_node_prob=0.0,
+                        grow_min_prob=0.0, draft_graph=False, adaptive=False)
+    drafter = Drafter(draft, target, config, TreeDecodingStats())
+    drafter.start(1, 64)
+    F = 3 * target.config.hidden_size
+
+    def queue(pos):
+        n = len(pos)
+        drafter.queue(torch.randn(1, n, F), torch.randint(3, 200, (1, n)), torch.tensor([pos]),
+                      torch.ones(1, n, dtype=torch.bool))
+
+    queue([0, 1, 2])
+    drafter.draft_tree(2, torch.tensor([4]), holes=False)
+    queue([3])  # a step without a tree
+    queue([4, 5])  # and one with: read together
+    assert drafter.pending[2].tolist() == [[3, 4, 5]]
+    drafter.draft_tree(2, torch.tensor([7]), holes=False)
+    assert drafter.cache.length == 6 and drafter.valid.shape[1] == 6
+    queue([6])
+    assert drafter.pending[2].tolist() == [[6]]  # what was read is not read again
+
+
+@pytest.mark.parametrize("forced", [True, False], ids=["shape-every-step", "controller"])
+def test_sampling_keeps_the_target_distribution_with_the_controller(forced, monkeypatch):
+    """As test_tree_decoding's chi-square test, with the adaptive tree: rows with their own depths in the first
+    tree (forced), or whatever the controller chooses on this machine."""
+    target = make_tiny_target("llama", vocab_size=16)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)
+    draft = copy_draft(target)
+    ids = torch.tensor([[3, 7, 11, 5]])
+    monkeypatch.setattr(verification, "LOGITS_SUBSET_DEVICES", ())
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopKLogitsWarper(6), TopPLogitsWarper(0.9)])
+    exact = _exact_three_token_distribution(target, ids, processors)
+    if forced:
+        handed = force_shapes(monkeypatch, sequence=("max", 0, 1))
+    n = 8000
+    out = generate(target, draft, ids.expand(n, -1), max_new_tokens=5, do_sample=True, eos_token_id=[],
+                   generator=torch.Generator().manual_seed(0), temperature=0.7, top_k=6, top_p=0.9,
+                   depth=3, tree_top_k=4, total_tokens=12, min_node_prob=0.0, adaptive=True)
+    if forced:
+        assert handed[0].depth == 3 and len(set(handed[0].row_depth)) == 2  # rows capped at 2 or 3 levels
+    x = out.sequences[:, ids.shape[1] : ids.shape[1] + 3]
+    for k in (2, 3):
+        cells = x[:, 0] * 16 + x[:, 1] if k == 2 else (x[:, 0] * 16 + x[:, 1]) * 16 + x[:, 2]
+        counts = torch.bincount(cells, minlength=16**k).double()
+        expected = (exact.sum(-1) if k == 2 else exact).flatten().double() * n
+        assert counts[expected == 0].sum() == 0
+        big = expected >= 5
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([expected[big], expected[~big].sum()[None]])
+        obs, exp = obs[exp > 0], exp[exp > 0]
+        p_value = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+        assert p_value > 1e-3, (k, p_value)
+
+
+def test_the_real_controller_runs_lossless_and_reports_its_shapes():
+    target = make_tiny_target("qwen2")
+    draft = copy_draft(target)
+    ids = prompt(seed=5)
+    ref = plain_greedy(target, ids, 60)
+    out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[])  # the default: adaptive
+    assert torch.equal(out.sequences, ref)
+    assert out.stats.tree["adaptive"] is True
+    assert sum(out.stats.tree_steps.values()) == out.stats.steps
+    fixed = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], adaptive=False)
+    assert torch.equal(fixed.sequences, ref) and fixed.stats.tree["adaptive"] is False and not fixed.stats.tree_steps
+
+
+# ------------------------------------------------------------------------------------------- the config
+def test_adaptive_is_the_default_unless_a_shape_is_given():
+    cpu = torch.device("cpu")
+
+    def resolve(**kw):
+        return TreeConfig(**kw).resolve(cpu, torch.float32, do_sample=False, draft_vocab=256)
+
+    assert resolve().adaptive is True
+    assert resolve(lookup_tokens=0, min_node_prob=0.0).adaptive is True  # not a shape
+    for shape in ({"depth": 4}, {"tree_top_k": 2}, {"total_tokens": 5}):
+        assert resolve(**shape).adaptive is False  # a shape given is the shape used
+        assert resolve(**shape, adaptive=True).adaptive is True  # ...or the largest the controller may choose
+    assert resolve(adaptive=False).adaptive is False
+    with pytest.raises(ValueError, match="adaptive must be True, False or None"):
+        resolve(adaptive="yes")
+
+
+def test_the_controller_and_costs_travel_with_custom_generate():
+    files = custom_generate_files()
+    assert {"custom_generate/controller.py", "custom_generate/costs.py"} <= set(files)
+
+
+# ------------------------------------------------------------------------------------------- decisions
+def synthetic(verify, draft_read=0.0, draft_level=0.0, top_k=4):
+    """A cost table from ``verify(rows, slots)`` seconds at the measured grid."""
+    rows, slots = (1, 2, 4, 8), (1, 2, 4, 8, 16, 32)
+    return StepCosts(key="synthetic", top_k=top_k, device="test",
+                     verify={r: {s: verify(r, s) for s in slots} for r in rows},
+                     draft_read={r: draft_read * r for r in rows}, draft_level={r: draft_level * r for r in rows})
+
+
+CONFIG = TreeConfig(depth=4, tree_top_k=4, total_tokens=12, lookup_tokens=0, min_node_prob=0.0, grow_min_prob=0.0,
+                    draft_graph=False, adaptive=True)
+
+
+def settle(controller, rows, accepted_of, steps=30):
+    """Feed ``steps`` observations of full-depth trees: row r accepted ``accepted_of(r)`` draft tokens."""
+    shape = controller.shape(controller.config.depth)
+    for _ in range(steps):
+        controller.observe(rows, shape, [accepted_of(r) for r in rows])
+
+
+def test_compute_bound_verification_chooses_no_tree():
+    """Every slot costs as much as the first (a CPU at a large batch): even a good draft does not pay."""
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 * r * s, draft_read=0.002, draft_level=0.002), rows=8)
+    rows = list(range(8))
+    settle(c, rows, lambda r: 2)
+    assert c.choose(rows).depth == 0
+
+
+def test_cheap_verification_and_high_acceptance_choose_the_deepest_tree():
+    """A flat verification (a GPU at batch 1) and a draft accepted to the end: the full tree."""
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 + 1e-5 * s, draft_read=5e-4, draft_level=5e-4), rows=1)
+    settle(c, [0], lambda r: 4)
+    shape = c.choose([0])
+    assert (shape.depth, shape.total_tokens) == (4, 12) and shape.row_depth is None
+
+
+def test_low_acceptance_chooses_a_shallow_tree_or_none():
+    costs = synthetic(lambda r, s: 0.01 * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3)
+    good, bad = TreeController(CONFIG, costs, rows=1), TreeController(CONFIG, costs, rows=1)
+    settle(good, [0], lambda r: 4)
+    settle(bad, [0], lambda r: 0)
+    assert good.choose([0]).depth == 4
+    assert bad.choose([0]).depth < good.choose([0]).depth
+    assert bad.choose([0]).depth == 0  # nothing accepted: the draft's cost buys nothing
+
+
+def test_a_rejecting_row_gets_a_shallower_tree_than_an_accepting_row():
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 + 1e-5 * r * s, draft_read=1e-4, draft_level=1e-4),
+                       rows=3)
+    settle(c, [0, 1, 2], lambda r: (4, 0, 3)[r])
+    shape = c.choose([0, 1, 2])
+    assert shape.depth == 4
+    assert shape.row_depth == (4, 2, 3)  # the deepest level each reaches
+    assert shape.row_depth[1] == levels_for(shape.total_tokens, shape.top_k)  # no shallower than its nodes need
+    assert TreeController(CONFIG, c.costs, rows=3, row_depths=False).choose([0, 1, 2]).row_depth is None
+
+
+def test_finished_rows_weigh_nothing():
+    """The accepting rows finished: the choice is the remaining (rejecting) rows' alone."""
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 * r * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3),
+                       rows=4)
+    settle(c, [0, 1, 2, 3], lambda r: 4 if r < 2 else 0)
+    assert c.choose([0, 1, 2, 3]).depth >= 1
+    assert c.choose([2, 3]).depth == 0
+
+
+def test_steps_without_a_tree_relax_the_estimates_so_a_tree_is_tried_again():
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3),
+                       rows=1)
+    settle(c, [0], lambda r: 0)
+    depths = []
+    for _ in range(200):
+        shape = c.choose([0])
+        depths.append(shape.depth)
+        c.observe([0], shape, [0] if shape.depth else [])
+    assert depths[0] == 0 and max(depths) >= 1
+
+
+def test_the_residual_is_the_median_of_recent_steps():
+    """Time the table leaves out (acceptance, host work) counts, and one slow step does not decide."""
+    costs = synthetic(lambda r, s: 0.01 + 1e-4 * s, draft_read=1e-4, draft_level=1e-4)
+    c = TreeController(CONFIG, costs, rows=1)
+    settle(c, [0], lambda r: 1)
+    shape = c.shape(4)
+    modelled = c.step_seconds(1, 4)
+    for extra in (0.002, 0.002, 1.0, 0.002):
+        c.observe([0], shape, [1], modelled + extra)
+    assert c.residual[True] == pytest.approx(0.002)
+    for _ in range(9):  # tree steps turn out much slower than the table says: the plain step wins
+        c.observe([0], shape, [1], modelled + 0.1)
+    assert c.choose([0]).depth == 0
+
+
+def test_nodes_shrink_with_the_depth():
+    assert [nodes_at(CONFIG, d) for d in range(5)] == [0, 3, 6, 9, 12]
+    small = TreeConfig(depth=5, tree_top_k=3, total_tokens=2)
+    assert [nodes_at(small, d) for d in range(1, 6)] == [1, 2, 2, 2, 2]
+    assert levels_for(4, 4) == 1 and levels_for(5, 4) == 2 and levels_for(21, 4) == 3
+
+
+# ------------------------------------------------------------------------------------------- the cost model
+def test_costs_are_measured_once_cached_on_disk_and_extended(tmp_path, monkeypatch):
+    target = make_tiny_target("llama")
+    draft = random_draft(target)
+    config = TreeConfig(depth=3, tree_top_k=4, total_tokens=8).resolve(torch.device("cpu"), torch.float32, False, 256)
+    first = step_costs(target, draft, config, rows=2, slots=9)
+    assert set(first.verify) == {1, 2} and set(first.verify[2]) == {1, 2, 4, 8, 16}
+    assert set(first.draft_read) == set(first.draft_level) == {1, 2}
+    files = list((tmp_path / "cache" / "tree-costs").glob("*.json"))
+    assert len(files) == 1 and json.loads(files[0].read_text())["key"] == first.key
+    assert first.verify_s(2, 16) >= first.verify_s(2, 1) > 0 and first.draft_s(1, 3) >= first.draft_s(1, 1) > 0
+    assert first.draft_s(1, 0) == 0
+
+    monkeypatch.setattr(costs_mod, "_memo", {})
+
+    def no_measuring(costs, *a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(costs_mod, "measure", no_measuring)
+    again = step_costs(target, draft, config, rows=2, slots=9)  # from the file
+    assert again.verify == first.verify
+    monkeypatch.undo()
+    monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(costs_mod, "_memo", {})
+    bigger = step_costs(target, draft, config, rows=4, slots=9)  # a larger batch: its rows are added
+    assert set(bigger.verify) == {1, 2, 4} and bigger.verify[1] == first.verify[1]
+    other = step_costs(target, draft, config.replace(tree_top_k=2), rows=1, slots=3)
+    assert other.key != first.key  # another tree width, another table
+    assert "| rows |" in bigger.table() and "draft level" in bigger.table()
+
+
+def test_a_cost_table_is_monotone_and_interpolates():
+    verify = {1: {1: 1.0, 2: 0.8, 4: 2.0}, 2: {1: 0.9, 2: 2.0, 4: 3.0}}
+    monotone(verify)
+    assert verify == {1: {1: 0.8, 2: 0.8, 4: 2.0}, 2: {1: 0.9, 2: 2.0, 4: 3.0}}
+    table = StepCosts(key="k", top_k=2, device="test", verify=verify, draft_read={1: 1.0, 2: 1.0},
+                      draft_level={1: 0.5, 2: 1.0})
+    assert table.verify_s(1, 3) == pytest.approx(1.4)
+    assert table.verify_s(1, 8) == pytest.approx(4.4)  # past the grid: the last slope
+    assert table.verify_s(4, 1) == pytest.approx(1.1)  # more rows: the last slope of rows
+    assert table.draft_s(2, 3) == pytest.approx(3.0)
+
+
+def test_the_cost_cache_follows_the_package_cache_rule(monkeypatch, tmp_path):
+    from eagle3_hub.targets import cache_dir
+
+    monkeypatch.delenv("EAGLE3_HUB_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert costs_mod.cache_root() == cache_dir()
+    monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "mine"))
+    assert costs_mod.cache_root() == cache_dir()
