@@ -45,6 +45,7 @@ def generate(
     grow_min_prob: float | None = None,
     config: TreeConfig | None = None,
     trust_remote_code: bool = False,
+    adaptive: bool | None = None,
 ) -> TreeDecodingOutput:
     """EAGLE tree decoding of ``target`` with ``draft``; equal to ``target.generate`` in distribution (token
     for token when greedy, up to floating-point ties).
@@ -59,6 +60,9 @@ def generate(
         depth / tree_top_k / total_tokens / lookup_tokens / draft_graph / min_node_prob / grow_min_prob: the
             tree's shape, as in ``TreeConfig``; they override the fields of ``config``; ``None`` = the default for
             the target's device and dtype.
+        adaptive: choose each step's tree at run time from the running acceptance and the machine's measured
+            costs, down to no tree (``TreeConfig.adaptive``); default: on unless depth / tree_top_k /
+            total_tokens is given.
         on_step: ``on_step(tokens, num_from_draft)`` after every target forward: per row the tokens it just
             committed and how many of them came from the draft tree or the lookup branch (the rest: the
             target's bonus token).
@@ -87,7 +91,7 @@ def generate(
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     config = (config or TreeConfig()).replace(
         depth=depth, tree_top_k=tree_top_k, total_tokens=total_tokens, lookup_tokens=lookup_tokens,
-        min_node_prob=min_node_prob, grow_min_prob=grow_min_prob, draft_graph=draft_graph,
+        min_node_prob=min_node_prob, grow_min_prob=grow_min_prob, draft_graph=draft_graph, adaptive=adaptive,
     )
     return _run(
         target, draft, input_ids, attention_mask, config, Processing(processors, do_sample, generator),
@@ -115,6 +119,7 @@ def tree_generate(
     min_node_prob: float | None = None,
     grow_min_prob: float | None = None,
     tree_config: TreeConfig | None = None,
+    adaptive: bool | None = None,
     **model_kwargs,
 ):
     """``target.generate(ids, custom_generate=tree_generate, draft=draft, ...)``.
@@ -139,7 +144,7 @@ def tree_generate(
     criteria = [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
     config = (tree_config or TreeConfig()).replace(
         depth=depth, tree_top_k=tree_top_k, total_tokens=total_tokens, lookup_tokens=lookup_tokens,
-        min_node_prob=min_node_prob, grow_min_prob=grow_min_prob, draft_graph=draft_graph,
+        min_node_prob=min_node_prob, grow_min_prob=grow_min_prob, draft_graph=draft_graph, adaptive=adaptive,
     )
     processing = Processing(logits_processor, bool(generation_config.do_sample), generator)
     out = _run(
