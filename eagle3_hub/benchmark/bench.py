@@ -155,6 +155,7 @@ def build_methods(
                         depth=params.get("depth"), tree_top_k=params.get("tree_top_k"),
                         total_tokens=params.get("total_tokens"), lookup_tokens=params.get("lookup_tokens"),
                         min_node_prob=params.get("min_node_prob"), grow_min_prob=params.get("grow_min_prob"),
+                        adaptive=None if params.get("adaptive") is None else bool(params["adaptive"]),
                     )
                     return out.sequences, out.stats
 
@@ -261,7 +262,7 @@ class TurnRunner:
                 method.tree_params = {"depth": tree.get("depth"), "tree_top_k": tree.get("top_k"),
                                       "total_tokens": tree.get("total_tokens"), "lookup_tokens": tree.get("lookup_tokens"),
                                       "min_node_prob": tree.get("min_node_prob"),
-                                      "grow_min_prob": tree.get("grow_min_prob")}
+                                      "grow_min_prob": tree.get("grow_min_prob"), "adaptive": tree.get("adaptive")}
         elif method.kind == "same_forward":  # one token per forward, no draft
             forwards, draft_t, verify_t = stats.target_forwards, 0.0, stats.verify_time_s
             accepted = [0] * forwards

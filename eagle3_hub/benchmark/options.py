@@ -10,7 +10,7 @@ SAME_FORWARD = "same_forward"  # the second baseline: plain decoding through tre
 METHOD_NAMES = ("plain", SAME_FORWARD, "lookup", "assisted", "tree", "assistant")
 DRAFT_METHODS = ("assisted", "tree")  # the methods that need an EAGLE-3 draft
 TREE_KEY_TYPES = {"depth": int, "tree_top_k": int, "total_tokens": int, "lookup_tokens": int,
-                  "min_node_prob": float, "grow_min_prob": float}
+                  "min_node_prob": float, "grow_min_prob": float, "adaptive": int}  # adaptive: 1 on, 0 off
 TREE_KEYS = tuple(TREE_KEY_TYPES)
 
 SWEEP_DEFAULTS = {"depth": "3,5,7", "tree_top_k": "4,8", "total_tokens": "16,32,60"}

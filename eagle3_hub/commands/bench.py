@@ -62,6 +62,10 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--trees", default=None,
                    help="tree settings to compare in one run, ';'-separated, each key=value,... over "
                         f"{', '.join(TREE_KEYS)} (e.g. 'depth=3;depth=8,grow_min_prob=0.3'); replaces the per-key lists")
+    g.add_argument("--profile", action="store_true",
+                   help="print this machine's cost model of tree decoding for the target and draft (verification ms by "
+                        "rows x slots, draft ms per level; measured once, then read from the cache) and exit; the "
+                        "adaptive tree chooses its shapes from it")
     g.add_argument("--sweep", action="store_true", help="try every combination of --depth/--tree-top-k/--total-tokens and report the best for this device")
     g = parser.add_argument_group("output")
     g.add_argument("--out", default="bench-results", help="folder for bench.json, bench.md and bench.png")
@@ -140,6 +144,13 @@ def run(args) -> int:
         args.target, draft_path, device, dtype, assistant_model=args.assistant_model,
         assistant_tokens=args.assistant_tokens, allow_pickle=args.allow_pickle,
     )
+    if args.profile:
+        if draft is None:
+            raise ValueError("--profile measures tree decoding: it needs a draft (--draft, or the embedded target's)")
+        from ..generation.tree.costs import profile
+
+        print(profile(target, draft, rows=max(batch_sizes)).table())
+        return 0
     compared = {name: load_draft(path, target, assist=True)
                 for name, path in compare_draft_names(args.compare_draft).items()}
     results = run_benchmark(
