@@ -344,3 +344,42 @@ def test_the_cost_cache_follows_the_package_cache_rule(monkeypatch, tmp_path):
     assert costs_mod.cache_root() == cache_dir()
     monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "mine"))
     assert costs_mod.cache_root() == cache_dir()
+
+
+# ------------------------------------------------------------------------------------------- the bench command
+def test_bench_profile_prints_the_cost_table(tmp_path, capsys):
+    import argparse
+
+    from test_bench import make_tokenizer
+
+    from eagle3_hub.commands import bench as bench_command
+
+    target = make_tiny_target("llama")
+    target.save_pretrained(tmp_path / "target")
+    make_tokenizer().save_pretrained(tmp_path / "target")
+    copy_draft(target).save_pretrained(tmp_path / "draft")
+    parser = argparse.ArgumentParser()
+    bench_command.add_arguments(parser)
+    args = parser.parse_args(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--profile",
+                              "--batch-size", "1,2", "--dtype", "float32", "--quiet"])
+    assert bench_command.run(args) == 0
+    printed = capsys.readouterr().out
+    assert "| rows |" in printed and "| 2 |" in printed and "draft level" in printed
+    assert len(list((tmp_path / "cache" / "tree-costs").glob("*.json"))) == 1
+    args = parser.parse_args(["--trees", "adaptive=1;adaptive=0;depth=3,tree_top_k=8,total_tokens=6"])
+    assert bench_command.tree_grid_from_args(args) == [{"adaptive": 1}, {"adaptive": 0},
+                                                       {"depth": 3, "tree_top_k": 8, "total_tokens": 6}]
+
+
+def test_fixed_shape_draft_levels_follow_the_controller(monkeypatch):
+    """With the draft graph's fixed shapes (run eagerly on a CPU) every depth the controller picks gets its own
+    shapes, and rows keep the step's depth."""
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    ids = prompt(seed=9)
+    ref = plain_greedy(target, ids, 50)
+    handed = force_shapes(monkeypatch, sequence=("max", 0, 2, 1, "max"))
+    out = generate(target, draft, ids, max_new_tokens=50, eos_token_id=[], draft_graph=True, **ADAPTIVE_TREE)
+    assert torch.equal(out.sequences, ref)
+    assert {s.label for s in handed} >= {"none", "1/4/4", "2/4/7", "5/4/16"}
+    assert all(s.row_depth is None for s in handed)
