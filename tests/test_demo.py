@@ -96,6 +96,20 @@ def test_pairs_file_of_the_space_loads():
     assert all(p.target and p.draft for p in pairs.values())
 
 
+def test_the_embedded_pair_runs_as_the_bench_does_and_samples(tmp_path):
+    """What users get: dtype auto (bf16 on CPUs with bf16 units) and a sampling temperature to start from; a pair
+    file may set both, and a bad temperature is named."""
+    pairs, default = load_pairs(REPO / "spaces" / "pairs.yaml")
+    assert pairs[default].dtype == "auto" and pairs[default].temperature == 0.7
+    assert ModelPair(name="x").dtype == "auto" and ModelPair(name="x").temperature == 0.7
+    f = tmp_path / "pairs.yaml"
+    f.write_text("pairs:\n  a:\n    target: x\n    draft: y\n    temperature: 0\n")
+    assert load_pairs(f)[0]["a"].temperature == 0
+    f.write_text("pairs:\n  a:\n    target: x\n    draft: y\n    temperature: hot\n")
+    with pytest.raises(DemoError, match="temperature must be a number from 0"):
+        load_pairs(f)
+
+
 def test_pairs_file_errors_say_what_is_wrong(tmp_path):
     bad = tmp_path / "pairs.yaml"
     bad.write_text("pairs:\n  a:\n    target: x\n")

@@ -215,9 +215,15 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
     default_pair = cache.pairs[cache.default]
     try:
         device = resolve_device(default_pair.device)
-        tree = tree_defaults(device, resolve_dtype(default_pair.dtype, device))
+        dtype = resolve_dtype(default_pair.dtype, device)
     except ValueError:  # the page shows the pair's error on its first request
-        tree = tree_defaults(torch.device("cpu"), torch.float32)
+        device, dtype = torch.device("cpu"), torch.float32
+
+    def mode_tree(temperature) -> dict:
+        """The tree settings of the mode the temperature selects (sampling trees differ from greedy ones)."""
+        return tree_defaults(device, dtype, do_sample=float(temperature or 0) > 0)
+
+    tree = mode_tree(default_pair.temperature)
     with gr.Blocks(title="EAGLE-3 side-by-side speed demo", analytics_enabled=False) as app:
         gr.Markdown(INTRO)
         history = gr.State([])
@@ -238,11 +244,26 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
         with gr.Accordion("Settings", open=False, elem_id="settings"):
             with gr.Row():
                 max_new = gr.Slider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="max-new-tokens")
-                temperature = gr.Slider(0.0, limits.max_temperature, value=0.0, step=0.05, label="Temperature (0 = greedy)", elem_id="temperature")
+                temperature = gr.Slider(0.0, limits.max_temperature, value=min(default_pair.temperature, limits.max_temperature),
+                                        step=0.05, label="Temperature (0 = greedy)", elem_id="temperature")
             with gr.Row():
                 depth = gr.Slider(1, limits.max_depth, value=min(tree["depth"], limits.max_depth), step=1, label="Tree depth (draft steps)", elem_id="depth")
                 tree_top_k = gr.Slider(1, limits.max_tree_top_k, value=min(tree["top_k"], limits.max_tree_top_k), step=1, label="Tree top-k (branches per node)", elem_id="tree-top-k")
                 total_tokens = gr.Slider(1, limits.max_total_tokens, value=min(tree["total_tokens"], limits.max_total_tokens), step=1, label="Tree total tokens (verified per step)", elem_id="total-tokens")
+        sampling = gr.State(default_pair.temperature > 0)
+
+        def retree(t, was_sampling):
+            """Crossing between greedy and sampling: the tree settings move to the new mode's defaults."""
+            now = float(t or 0) > 0
+            if now == was_sampling:
+                return gr.update(), gr.update(), gr.update(), was_sampling
+            shape = mode_tree(t)
+            return (gr.update(value=min(shape["depth"], limits.max_depth)),
+                    gr.update(value=min(shape["top_k"], limits.max_tree_top_k)),
+                    gr.update(value=min(shape["total_tokens"], limits.max_total_tokens)), now)
+
+        temperature.change(retree, [temperature, sampling], [depth, tree_top_k, total_tokens, sampling],
+                           show_progress="hidden")
         stats = gr.HTML(render_stats(None, None), elem_id="stats")
         with gr.Row(equal_height=False):
             plain_pane = gr.HTML(render_pane("plain", None), elem_id="plain-pane")

@@ -21,15 +21,23 @@ class ModelPair:
 
     target: Hub repo id, local folder, ``.gguf`` path, or ``smollm2-135m-instruct`` (the embedded default).
     draft: Hub repo id, local folder, or ``reference`` (the draft shipped in ``eagle3_hub/reference_draft/<name>``).
-    dtype: ``float32``, ``bfloat16`` or ``float16``; device: ``auto`` (CUDA when present), ``cpu``, ``cuda``, ...
+    dtype: ``auto`` (bfloat16 on GPUs and on CPUs with bf16 units, as the bench runs), ``float32``, ``bfloat16`` or
+    ``float16``; device: ``auto`` (CUDA when present), ``cpu``, ``cuda``, ...
+    temperature: the page's starting temperature (0 = greedy); the tree settings start at that mode's defaults.
     """
 
     name: str
     target: str = EMBEDDED_PAIR
     draft: str = "reference"
     label: str = ""
-    dtype: str = "float32"
+    dtype: str = "auto"
     device: str = "auto"
+    temperature: float = 0.7  # chat users sample
+
+    def __post_init__(self):
+        t = self.temperature
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= 2:
+            raise DemoError(f"pair {self.name!r}: temperature must be a number from 0 (greedy) to 2, got {t!r}")
 
     @property
     def title(self) -> str:
@@ -47,7 +55,7 @@ DEFAULT_PAIRS = {
 
 
 def load_pairs(path: str | Path) -> tuple[dict[str, ModelPair], str]:
-    """Read a pairs file: ``{default: NAME, pairs: {NAME: {target, draft, label, dtype, device}}}``.
+    """Read a pairs file: ``{default: NAME, pairs: {NAME: {target, draft, label, dtype, device, temperature}}}``.
     Returns (pairs by name, default name)."""
     import yaml
 
@@ -63,7 +71,7 @@ def load_pairs(path: str | Path) -> tuple[dict[str, ModelPair], str]:
     raw = data.get("pairs")
     if not isinstance(raw, dict) or not raw:
         raise DemoError(f"{path} has no `pairs:` mapping (name -> {{target, draft}}).")
-    known = {"target", "draft", "label", "dtype", "device"}
+    known = {"target", "draft", "label", "dtype", "device", "temperature"}
     pairs = {}
     for name, spec in raw.items():
         spec = spec or {}
@@ -72,7 +80,7 @@ def load_pairs(path: str | Path) -> tuple[dict[str, ModelPair], str]:
             raise DemoError(f"{path}: pair {name!r} has unknown keys {sorted(unknown)}; allowed: {sorted(known)}.")
         if "target" not in spec or "draft" not in spec:
             raise DemoError(f"{path}: pair {name!r} needs both `target` and `draft`.")
-        pairs[str(name)] = ModelPair(name=str(name), **{k: str(v) for k, v in spec.items()})
+        pairs[str(name)] = ModelPair(name=str(name), **{k: v if k == "temperature" else str(v) for k, v in spec.items()})
     default = str(data.get("default") or next(iter(pairs)))
     if default not in pairs:
         raise DemoError(f"{path}: default pair {default!r} is not one of {sorted(pairs)}.")
