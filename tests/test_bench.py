@@ -286,6 +286,30 @@ def test_draft_methods_and_the_tree_sweep(tiny, tmp_path):
     assert res["sweep"]["greedy"]["best"]["depth"] == ranking[0]["depth"]
 
 
+def test_oracle_reports_the_perfect_drafts_acceptance_per_shape_and_the_drafts_share(tiny, tmp_path):
+    """`oracle`: the target proposes its own tree, one method per tree shape; its speed is not reported, each tree
+    row gets its share of the oracle's acceptance with the same shape, and the report says what the oracle is."""
+    from eagle3_hub import Eagle3DraftModel
+
+    target, tok = tiny
+    draft = Eagle3DraftModel.from_target(target).eval()
+    draft.bind(target)
+    grid = [{"depth": 2, "tree_top_k": 2, "total_tokens": 4}, {"depth": 3, "tree_top_k": 1, "total_tokens": 3}]
+    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), methods=["tree", "oracle"], draft=draft,
+                        tree_grid=grid, max_new_tokens=16, progress=False)
+    rows = {r["method"]: r for r in res["results"] if r["suite"] == "mt_bench"}
+    for shape in ("[depth=2,tree_top_k=2,total_tokens=4]", "[depth=3,tree_top_k=1,total_tokens=3]"):
+        tree, oracle = rows["tree" + shape], rows["oracle" + shape]
+        assert oracle["speedup"] is None and oracle["speedup_same_forward"] is None
+        assert oracle["mean_acceptance_length"] > tree["mean_acceptance_length"]
+        assert tree["oracle_share"] == pytest.approx(tree["mean_acceptance_length"] / oracle["mean_acceptance_length"])
+        assert res["lossless"]["oracle" + shape]["lossless"]  # whatever proposes, the output is the target's
+    # a chain of the target's own argmaxes is accepted whole, but at a row's last step
+    assert rows["oracle[depth=3,tree_top_k=1,total_tokens=3]"]["mean_acceptance_length"] > 3
+    text = report.markdown_report(res)
+    assert "Of perfect draft" in text and "its speed means nothing" in text
+
+
 def test_lossless_check_reports_a_difference_loudly(tiny, capsys):
     _, tok = tiny
 

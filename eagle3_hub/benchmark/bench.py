@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -42,7 +43,8 @@ from .near_ties import near_tie_check, reduced_precision
 from .options import DRAFT_METHODS, METHOD_NAMES, SAME_FORWARD, TREE_KEYS
 from .suites import Suite
 
-BATCHED_KINDS = ("plain", "same_forward", "tree")
+BATCHED_KINDS = ("plain", "same_forward", "tree", "oracle")
+TREE_KINDS = ("tree", "oracle")  # tree decoding: its stats give the accepted tokens and the shape
 
 
 # ----------------------------------------------------------------------------------------- methods
@@ -160,6 +162,25 @@ def build_methods(
                     return out.sequences, out.stats
 
                 methods.append(Method(label, "tree", run_tree, tree_params=dict(params)))
+        elif name == "oracle":  # the acceptance a perfect draft would reach with each tree shape (not its speed)
+            from ..generation.tree import generate
+
+            grid = tree_grid or [{}]
+            for params in grid:
+                label = "oracle" if len(grid) == 1 else "oracle" + tree_label(params)[len("tree"):]
+
+                def run_oracle(ids, mask, gc, params=params):
+                    out = generate(
+                        target, ctx.draft, ids, attention_mask=mask, max_new_tokens=gc.max_new_tokens,
+                        do_sample=gc.do_sample, temperature=gc.temperature if gc.do_sample else 1.0,
+                        top_k=(gc.top_k or 0) if gc.do_sample else 0, top_p=gc.top_p if gc.do_sample else 1.0,
+                        eos_token_id=gc.eos_token_id, tokenizer=ctx.tokenizer, proposer="target",
+                        **{k: params.get(k) for k in ("depth", "tree_top_k", "total_tokens", "lookup_tokens",
+                                                      "min_node_prob", "grow_min_prob")},
+                    )
+                    return out.sequences, out.stats
+
+                methods.append(Method(label, "oracle", run_oracle, tree_params=dict(params)))
         else:
             raise ValueError(f"Unknown method '{name}': choose from {', '.join(METHOD_NAMES)}")
     return methods
@@ -212,7 +233,7 @@ def _accepted_from_tree_stats(stats) -> list[int]:
     return [max(int(n) - 1, 0) for n in stats.accepted_per_step]
 
 
-SELF_TIMED = ("tree", "same_forward")  # methods whose stats give their own forwards and times (no hooks)
+SELF_TIMED = ("tree", "same_forward", "oracle")  # methods whose stats give their own forwards and times (no hooks)
 
 
 class TurnRunner:
@@ -254,7 +275,7 @@ class TurnRunner:
                 hook.close()
         rows_new = [_strip_padding(sequences[i, prompt_len:].tolist(), gc.pad_token_id, gc.eos_token_id) for i in range(b)]
 
-        if method.kind == "tree":
+        if method.kind in TREE_KINDS:
             accepted = _accepted_from_tree_stats(stats)
             forwards, draft_t, verify_t = stats.target_forwards, stats.draft_time_s, stats.verify_time_s
             if not method.tree_params:  # record the shape it chose by default
@@ -283,7 +304,7 @@ class TurnRunner:
                 draft_time_s=float(draft_t) / b, verify_time_s=float(verify_t) / b,
                 target_forwards=int(forwards) if first else 0,
                 accept_hist=(_histogram(accepted) if first else []) if accepted is not None else None,
-                peak_memory_mb=peak, batch=batch, tree=dict(stats.tree) if method.kind == "tree" else None,
+                peak_memory_mb=peak, batch=batch, tree=dict(stats.tree) if method.kind in TREE_KINDS else None,
                 output_ids=rows_new[i], prompt_ids=prompt, mode=meta["mode"],
                 method=method.name, suite=meta["suite"], question_id=meta["question_id"],
                 category=meta["category"], turn=meta["turn"],
@@ -397,6 +418,13 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
     for r in rows:
         r["speedup"] = ratio(r, plain_name)  # over transformers' generate
         r["speedup_same_forward"] = ratio(r, SAME_FORWARD)  # over the same forward without speculation
+        kind, shape = re.match(r"(tree|oracle)?(\[[^\]]*\])?", r["method"]).groups()
+        if kind == "oracle":  # its speed means nothing: each tree level runs the target
+            r["speedup"] = r["speedup_same_forward"] = None
+        elif kind == "tree":  # the draft's share of what a perfect draft reaches with the same tree shape
+            oracle = by_key.get((r["suite"], r["mode"], r["batch"], "oracle" + (shape or "")))
+            if oracle and oracle["mean_acceptance_length"] and r["mean_acceptance_length"]:
+                r["oracle_share"] = r["mean_acceptance_length"] / oracle["mean_acceptance_length"]
     return rows
 
 

@@ -7,8 +7,9 @@ from __future__ import annotations
 import itertools
 
 SAME_FORWARD = "same_forward"  # the second baseline: plain decoding through tree decoding's forward
-METHOD_NAMES = ("plain", SAME_FORWARD, "lookup", "assisted", "tree", "assistant")
-DRAFT_METHODS = ("assisted", "tree")  # the methods that need an EAGLE-3 draft
+METHOD_NAMES = ("plain", SAME_FORWARD, "lookup", "assisted", "tree", "assistant", "oracle")
+# the methods that need an EAGLE-3 draft (oracle: the target proposes, on tree decoding's verifier for that draft)
+DRAFT_METHODS = ("assisted", "tree", "oracle")
 TREE_KEY_TYPES = {"depth": int, "tree_top_k": int, "total_tokens": int, "lookup_tokens": int,
                   "min_node_prob": float, "grow_min_prob": float, "adaptive": int}  # adaptive: 1 on, 0 off
 TREE_KEYS = tuple(TREE_KEY_TYPES)

@@ -17,6 +17,7 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from .acceptance import Processing, sampling_warpers
 from .config import TreeConfig
 from .decode import TreeDecoder
+from .oracle import TargetProposer
 from .outputs import TreeDecodingOutput, TreeDecodingStats
 
 
@@ -46,6 +47,7 @@ def generate(
     config: TreeConfig | None = None,
     trust_remote_code: bool = False,
     adaptive: bool | None = None,
+    proposer: str = "draft",
 ) -> TreeDecodingOutput:
     """EAGLE tree decoding of ``target`` with ``draft``; equal to ``target.generate`` in distribution (token
     for token when greedy, up to floating-point ties).
@@ -63,6 +65,10 @@ def generate(
         adaptive: choose each step's tree at run time from the running acceptance and the machine's measured
             costs, down to no tree (``TreeConfig.adaptive``); default: on unless depth / tree_top_k /
             total_tokens is given.
+        proposer: ``"draft"``, or ``"target"``: the target proposes every node's children itself, its own most
+            probable tokens (``oracle.TargetProposer``), so the acceptance is the most this tree shape and walk can
+            reach with a perfect draft; for measurement only (each tree level runs the target: its speed means
+            nothing), and with a fixed shape.
         on_step: ``on_step(tokens, num_from_draft)`` after every target forward: per row the tokens it just
             committed and how many of them came from the draft tree or the lookup branch (the rest: the
             target's bonus token).
@@ -97,7 +103,7 @@ def generate(
         target, draft, input_ids, attention_mask, config, Processing(processors, do_sample, generator),
         max_new_tokens=max_new_tokens, eos_ids=_as_id_list(eos_token_id),
         pad_id=getattr(target.generation_config, "pad_token_id", None), criteria=criteria, streamer=streamer,
-        on_step=on_step, trust_remote_code=trust_remote_code,
+        on_step=on_step, trust_remote_code=trust_remote_code, proposer=proposer,
     )
 
 
@@ -169,7 +175,11 @@ def attention_kernels(device: torch.device | str):
 
 def _run(target, draft, input_ids, attention_mask, config: TreeConfig, processing: Processing, *, max_new_tokens: int,
          eos_ids: list[int], pad_id: int | None, criteria: list, streamer, on_step,
-         trust_remote_code: bool | None = False) -> TreeDecodingOutput:
+         trust_remote_code: bool | None = False, proposer: str = "draft") -> TreeDecodingOutput:
+    if proposer not in ("draft", "target"):
+        raise ValueError(f"proposer must be 'draft' or 'target', got {proposer!r}")
+    if proposer == "target":  # the ceiling of one fixed shape
+        config = config.replace(adaptive=False)
     _check_call(target, input_ids, max_new_tokens)
     draft = _prepare_draft(draft, target, trust_remote_code)
     input_ids, attention_mask = _check_prompt(target, input_ids, attention_mask, max_new_tokens, streamer)
@@ -185,6 +195,9 @@ def _run(target, draft, input_ids, attention_mask, config: TreeConfig, processin
 
     decoder = TreeDecoder(target, draft, config, processing, eos_ids=eos_ids, pad_id=pad_id,
                           max_new_tokens=max_new_tokens, criteria=criteria, streamer=streamer, on_step=on_step)
+    if proposer == "target":
+        pads = (~attention_mask.bool()).sum(-1).tolist()  # left padding
+        decoder.drafter = TargetProposer(decoder, target, config, processing, decoder.stats, pads)
     was_training = (target.training, draft.training)
     target.eval()
     draft.eval()
