@@ -12,17 +12,24 @@ or ``training_info.json``, and ``bench.json`` / ``bench.png``.
 from __future__ import annotations
 
 import json
+import logging
 import re
 from pathlib import Path
 
 from .atomic import atomic_copy, atomic_path, atomic_write_text
+from .network import is_network_error
 from .targets import is_embedded, named_target
+
+logger = logging.getLogger(__name__)
 
 CARD_MARKER = "<!-- model card written by eagle3-hub; `eagle3-hub card` rewrites it -->"
 EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TAGS = ["eagle3", "speculative-decoding", "draft-model", "eagle3-hub"]
 ENGINE_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
 _HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
+# in the usage snippets when the card does not know the repository (`eagle3-hub card --repo-id`, `push` set it)
+REPO_PLACEHOLDER = "YOUR_NAME/YOUR_DRAFT_REPO"
+TARGET_PLACEHOLDER = "TARGET_MODEL"  # a target that is a local path
 
 
 # ----------------------------------------------------------------------------------------- the target
@@ -38,41 +45,13 @@ def target_hub_id(target: str | None) -> str | None:
     return target if _HUB_ID.fullmatch(target) else None
 
 
-_GGUF_SCALARS = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
-
-
 def gguf_metadata_value(path: str | Path, key: str):
-    """One metadata value of a GGUF file, read from its header (the tensors are not touched)."""
-    import struct
+    """One metadata value of a GGUF file (``gguf``'s reader maps the file; no tensor is read), None when absent.
+    A file that is not GGUF is a ``ValueError``."""
+    from gguf import GGUFReader
 
-    with open(path, "rb") as f:
-        if f.read(4) != b"GGUF":
-            return None
-        version, = struct.unpack("<I", f.read(4))
-        if version < 2:
-            return None
-        _, n_kv = struct.unpack("<QQ", f.read(16))
-
-        def read_string() -> str:
-            n, = struct.unpack("<Q", f.read(8))
-            return f.read(n).decode("utf-8", errors="replace")
-
-        def read_value(vtype: int):
-            if vtype == 8:
-                return read_string()
-            if vtype == 9:
-                itype, count = struct.unpack("<IQ", f.read(12))
-                return [read_value(itype) for _ in range(count)]
-            fmt = "<" + _GGUF_SCALARS[vtype]
-            return struct.unpack(fmt, f.read(struct.calcsize(fmt)))[0]
-
-        for _ in range(n_kv):
-            name = read_string()
-            vtype, = struct.unpack("<I", f.read(4))
-            value = read_value(vtype)
-            if name == key:
-                return value
-    return None
+    field = GGUFReader(str(path)).get_field(key)
+    return None if field is None else field.contents()
 
 
 def _gguf_license(path: Path) -> str | None:
@@ -119,9 +98,15 @@ def target_license(target: str | None, timeout: float = 10.0) -> dict:
 
     if constants.HF_HUB_OFFLINE or not _HUB_ID.fullmatch(str(target)):
         return {}
+    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
+
     try:
         card = HfApi().model_info(target, timeout=timeout).card_data
-    except Exception:
+    except Exception as e:  # unknown, gated or unreachable: said; anything else is a bug and propagates
+        if not (isinstance(e, (HfHubHTTPError, OfflineModeIsEnabled, OSError)) or is_network_error(e)):
+            raise
+        logger.warning("Could not read the license of %s from the Hub (%s); the card names none: pass --license.",
+                       target, " ".join(str(e).split()) or type(e).__name__)
         return {}
     data = card.to_dict() if card is not None else {}
     return {k: data[k] for k in ("license", "license_name", "license_link") if data.get(k)}
@@ -297,7 +282,7 @@ def _usage_section(repo: str, target: str, config: dict, tree_params: dict | Non
         'print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
         "",
         "# 2) EAGLE-3 tree decoding: several candidate continuations verified in one target forward",
-        "from eagle3_hub.generation.tree_decoding import generate",
+        "from eagle3_hub import generate",
         "",
         f'out = generate(target, draft, inputs["input_ids"], max_new_tokens=256, tokenizer=tokenizer{tree_args})',
         'print(tokenizer.decode(out.sequences[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))',
@@ -384,80 +369,6 @@ def _what_section(name: str, target_text: str, config: dict, params: tuple[int |
     return "\n".join(lines)
 
 
-# ----------------------------------------------------------------------------------------- training
-def training_info_from_metrics(metrics: dict) -> dict:
-    """The ``training_metrics.json`` that ``eagle3-hub train`` writes (recipe, vocabulary, data report, eval
-    history), flattened into the card's training information."""
-    recipe = metrics.get("recipe") or {}
-    target, data, train = recipe.get("target") or {}, recipe.get("data") or {}, recipe.get("train") or {}
-    try:
-        from .training.data import PRESETS
-    except ImportError:  # pragma: no cover - the training extras are part of the package
-        PRESETS = {}
-    sources = []
-    for src in data.get("sources") or []:
-        spec = dict(src) if isinstance(src, dict) else dict(PRESETS.get(src, {"path": src}))
-        sources.append(spec.get("path"))
-    report, vocab, history = metrics.get("data") or {}, metrics.get("vocab") or {}, metrics.get("eval_history") or []
-    info = {
-        "target": target.get("name") or "smollm2-135m-instruct",
-        "datasets": [s for s in sources if s],
-        "regenerated": data.get("regenerate"),
-        "prompts written by the target": data.get("synthesize") or None,
-        "training conversations": report.get("train"),
-        "prompt format": ("prompt only, through the recipe's target.chat_template (a base model)"
-                          if target.get("chat_template") else None),
-        "max length (tokens)": data.get("max_length"),
-        "draft vocabulary": vocab.get("draft_vocab_size"),
-        "loss tokens covered by the draft vocabulary": f"{vocab['coverage']:.1%}" if vocab.get("coverage") is not None else None,
-        "vocabulary chosen anew": (f"{vocab['remap']['carried_over']} rows carried over, {vocab['remap']['new']} new, "
-                                   f"{vocab['remap']['dropped']} dropped (the continued draft's covered "
-                                   f"{vocab['init_from_coverage']:.1%})") if vocab.get("remap") else None,
-        "epochs": train.get("epochs"),
-        "optimizer steps": metrics.get("steps"),
-        "batch size": (train.get("batch_size") or 0) * (train.get("grad_accum") or 1) or None,
-        "learning rate": train.get("lr"),
-        "optimizer": f"AdamW, betas {train['betas']}, warm-up {train.get('warmup_steps')} steps, grad clip {train.get('grad_clip')}" if train.get("betas") else None,
-        "training-time-test steps": train.get("ttt_steps"),
-        "step weight": train.get("step_weight"),
-        "objective": _objective(train.get("loss"), train.get("lk_eta")),
-        "LoRA": f"r={recipe['lora']['r']}, alpha={recipe['lora']['alpha']}" if (recipe.get("lora") or {}).get("enabled") else None,
-    }
-    earlier = metrics.get("earlier_stages") or []
-    if earlier:  # a draft continued from another one (draft.init_from): its training is part of this one's
-        info["continued from"] = (recipe.get("draft") or {}).get("init_from")
-        info["earlier training"] = "; ".join(
-            f"{st.get('steps')} steps x {st.get('batch_size')} on {st.get('training_samples')} conversations"
-            + (f" ({st['wall_time_s'] / 60:.0f} min)" if st.get("wall_time_s") else "") for st in earlier)
-        info["optimizer steps, all stages"] = (metrics.get("steps") or 0) + sum(st.get("steps") or 0 for st in earlier)
-    if history:
-        last = history[-1]
-        if last.get("expected_acceptance_length") is not None:
-            info["eval: expected acceptance length"] = round(float(last["expected_acceptance_length"]), 3)
-        if last.get("step_accuracy"):
-            info["eval: accuracy per draft step"] = " / ".join(f"{a:.2f}" for a in last["step_accuracy"])
-        if last.get("expected_acceptance_length_sampled") is not None:
-            info["eval: expected acceptance length at T=1"] = round(float(last["expected_acceptance_length_sampled"]), 3)
-        first = history[0]
-        if earlier and first.get("step") == 0 and first.get("expected_acceptance_length") is not None:
-            sampled = first.get("expected_acceptance_length_sampled")
-            greedy = round(float(first["expected_acceptance_length"]), 3)
-            info["eval: the draft it continued (step 0)"] = (
-                greedy if sampled is None else f"{greedy} ({round(float(sampled), 3)} at T=1)")
-    return {k: v for k, v in info.items() if v not in (None, [], "")}
-
-
-def _objective(loss, lk_eta) -> str | None:
-    """The training objective in words (``train.loss``): None for the default KL, which needs no row."""
-    if loss in (None, "kl"):
-        return None
-    if loss == "lk_hybrid":
-        return f"lk_hybrid: KL blended into 1 - acceptance (sum min(p, q)) as the draft improves (lk_eta {lk_eta})"
-    if isinstance(loss, dict):
-        return " + ".join(f"{w} {name}" for name, w in loss.items())
-    return {"lk": "lk: 1 - acceptance (sum min(p, q))", "lk_log": "lk_log: -log acceptance"}.get(loss, str(loss))
-
-
 # ----------------------------------------------------------------------------------------- the card
 def _load_json(obj) -> dict | None:
     if obj is None or isinstance(obj, dict):
@@ -504,8 +415,8 @@ def write_model_card(
     bench_json: a ``bench.json`` of ``eagle3-hub bench`` (path or dict); default ``draft_dir/bench.json``. Its
         file and the chart next to it (``bench.png``) are copied into the folder so that they are uploaded.
     training_info: dict (or JSON file) of the training run: ``target``, ``datasets``, ``regenerated`` and any
-        recipe settings (shown as a table), or the ``training_metrics.json`` of ``eagle3-hub train``; default:
-        ``draft_dir/training_info.json``, then ``draft_dir/training_metrics.json``.
+        recipe settings (shown as a table); default: ``draft_dir/training_info.json``. The ``training_metrics.json``
+        of ``eagle3-hub train`` is read as such by ``eagle3_hub.publish`` (``eagle3-hub card`` / ``push`` use it).
     base_model: the target (Hub id, folder or ``smollm2-135m-instruct``); default from training_info, then the
         bench settings, then an earlier eagle3-hub card.
     repo_id: where the draft will live, for the usage snippets (default: the folder path).
@@ -521,14 +432,12 @@ def write_model_card(
     readme = folder / "README.md"
     previous = ModelCard.load(readme, ignore_metadata_errors=True).data.to_dict() if card_is_ours(readme) else {}
 
-    if training_info is None:
-        for name in ("training_info.json", "training_metrics.json"):
-            if (folder / name).is_file():
-                training_info = folder / name
-                break
+    if training_info is None and (folder / "training_info.json").is_file():
+        training_info = folder / "training_info.json"
     info = _load_json(training_info) or {}
-    if "recipe" in info:  # the training_metrics.json of `eagle3-hub train`
-        info = training_info_from_metrics(info)
+    if "recipe" in info:
+        raise ValueError("training_info is the training_metrics.json of `eagle3-hub train`: write the card with "
+                         "eagle3_hub.publish.write_card (or `eagle3-hub card`), which reads it as training information.")
     if bench_json is None and (folder / "bench.json").is_file():
         bench_json = folder / "bench.json"
     bench = _load_json(bench_json)
@@ -559,9 +468,9 @@ def write_model_card(
         datasets=data_ids or None,
         **licence,
     )
-    repo = repo_id or previous.get("eagle3_hub_repo") or str(folder)
+    repo = repo_id or previous.get("eagle3_hub_repo") or REPO_PLACEHOLDER  # a local path means nothing where it is read
     target_text = f"[{hub_target}](https://huggingface.co/{hub_target})" if hub_target else f"`{target or 'its target'}`"
-    target_code = hub_target or str(target or "TARGET_MODEL")
+    target_code = hub_target or TARGET_PLACEHOLDER
     tree_params = None
     if bench:
         for sweep in (bench.get("sweep") or {}).values():
@@ -569,7 +478,7 @@ def write_model_card(
             break
         if tree_params is None and bench["settings"].get("tree") and len(bench["settings"]["tree"]) == 1:
             tree_params = bench["settings"]["tree"][0] or None
-    name = repo.rstrip("/").split("/")[-1]
+    name = (folder.resolve().name if repo == REPO_PLACEHOLDER else repo).rstrip("/").split("/")[-1]
     derived = named_target(target) if isinstance(target, str) else None
     derived = derived if derived is not None and derived.derivative_terms else None
     if derived is not None:

@@ -16,6 +16,7 @@ import json
 from pathlib import Path
 
 from .formats import CODE_FILES  # the code files trust_remote_code needs
+from .network import is_network_error
 
 # files of a training run that do not belong in a published draft
 IGNORE_PATTERNS = [".*", "__pycache__", "*.pyc", "checkpoint-*", "optimizer.pt", "scheduler.pt", "rng_state*.pth",
@@ -71,19 +72,6 @@ def check_draft_folder(folder: str | Path) -> Path:
     return folder
 
 
-_NETWORK_ERRORS = {"TransportError", "NetworkError", "ConnectError", "TimeoutException", "ProxyError"}
-
-
-def _is_network_error(error: BaseException | None) -> bool:
-    """Connection refused, DNS failure, timeout... (httpx or its fork that huggingface_hub may use), also when
-    wrapped by another exception."""
-    while error is not None:
-        if isinstance(error, (ConnectionError, TimeoutError)) or _NETWORK_ERRORS & {c.__name__ for c in type(error).__mro__}:
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
 def _explain(error: Exception, endpoint: str, folder: Path, repo_id: str | None = None) -> HubPushError:
     """A Hub error as a message that says what to do."""
     from huggingface_hub.errors import HfHubHTTPError, LocalTokenNotFoundError, OfflineModeIsEnabled
@@ -94,7 +82,7 @@ def _explain(error: Exception, endpoint: str, folder: Path, repo_id: str | None 
                             "(a token with write access: https://huggingface.co/settings/tokens)." + keep)
     if isinstance(error, OfflineModeIsEnabled):
         return HubPushError("HF_HUB_OFFLINE is set: cannot upload. Unset it and push again once online." + keep)
-    if _is_network_error(error):
+    if is_network_error(error):
         return HubPushError(f"Cannot reach the Hub at {endpoint} ({type(error).__name__}). Check the connection "
                             "(or HF_ENDPOINT) and push again." + keep)
     if isinstance(error, HfHubHTTPError) and error.response is not None:
@@ -118,9 +106,12 @@ def push_draft(
     endpoint: str | None = None,
     update_card: bool = True,
     ignore_patterns: list[str] | None = None,
+    training_info: dict | None = None,
 ) -> str:
     """Create ``repo_id`` (``name`` alone means your own namespace) and upload the draft in ``folder`` in one
-    commit. Returns the URL of the commit. Raises :class:`HubPushError` with a clear message on failure."""
+    commit. Returns the URL of the commit. Raises :class:`HubPushError` with a clear message on failure.
+    ``update_card``: write README.md for the repo first (unless the folder holds a card not written by eagle3-hub),
+    with ``training_info`` (``eagle3_hub.publish.push`` reads the folder's training metrics into it)."""
     from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
 
     folder = check_draft_folder(folder)
@@ -144,7 +135,7 @@ def push_draft(
 
         readme = folder / "README.md"
         if not readme.exists() or card_is_ours(readme):
-            write_model_card(folder, repo_id=repo_id)
+            write_model_card(folder, repo_id=repo_id, training_info=training_info)
     files = files_to_upload(folder, ignore_patterns)
     operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)) for path, local in files.items()]
     try:

@@ -96,7 +96,7 @@ def test_card_metadata_body_and_bench_table_parse_back(tmp_path, target_folder, 
     config = json.loads((draft / "config.json").read_text())
     assert f"outputs of decoder layers {config['eagle_config']['eagle_aux_hidden_state_layer_ids']}" in text
     # usage for the three stacks
-    assert "assistant_model=draft" in text and "from eagle3_hub.generation.tree_decoding import generate" in text
+    assert "assistant_model=draft" in text and "from eagle3_hub import generate" in text
     assert '--speculative-config \'{"method": "eagle3", "model": ' in text
     assert "--speculative-algorithm EAGLE3 --speculative-draft-model-path" in text
     # the benchmark table, the machine, and the chart copied next to the card
@@ -181,6 +181,7 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     model, license (from the GGUF's metadata) and datasets come from there."""
     from huggingface_hub import ModelCard
 
+    from eagle3_hub.publish import write_card  # training's metrics, read as the card's training information
     from eagle3_hub.targets import embedded_gguf_dir
     from eagle3_hub.training.recipe import load_recipe
 
@@ -193,7 +194,7 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     metrics = {"recipe": recipe, "vocab": {"draft_vocab_size": 8192, "coverage": 0.97}, "data": {"train": 900, "eval": 64},
                "steps": 120, "eval_history": [{"step": 120, "loss": 2.0, "expected_acceptance_length": 1.8, "step_accuracy": [0.5, 0.3]}]}
     (draft / "training_metrics.json").write_text(json.dumps(metrics))
-    card = ModelCard.load(write_model_card(draft))
+    card = ModelCard.load(write_card(draft))
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
     assert card.data.license == "apache-2.0"
     assert card.data.datasets == ["HuggingFaceH4/ultrachat_200k"]
@@ -204,7 +205,7 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     metrics["earlier_stages"] = [{"steps": 440, "batch_size": 4, "training_samples": 1288, "wall_time_s": 3692.7}]
     metrics["eval_history"].insert(0, {"step": 0, "loss": 2.4, "expected_acceptance_length": 1.5, "step_accuracy": [0.4, 0.2]})
     (draft / "training_metrics.json").write_text(json.dumps(metrics))
-    card = ModelCard.load(write_model_card(draft))
+    card = ModelCard.load(write_card(draft))
     assert "| continued from | runs/stage1/draft |" in card.text
     assert "| earlier training | 440 steps x 4 on 1288 conversations (62 min) |" in card.text
     assert "| optimizer steps, all stages | 560 |" in card.text
@@ -215,10 +216,58 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     metrics["eval_history"][0]["expected_acceptance_length_sampled"] = 1.3
     metrics["eval_history"][-1]["expected_acceptance_length_sampled"] = 1.6
     (draft / "training_metrics.json").write_text(json.dumps(metrics))
-    card = ModelCard.load(write_model_card(draft))
+    card = ModelCard.load(write_card(draft))
     assert "| objective | lk_hybrid: KL blended into 1 - acceptance (sum min(p, q)) as the draft improves (lk_eta 3.0) |" in card.text
     assert "| eval: expected acceptance length at T=1 | 1.6 |" in card.text
     assert "| eval: the draft it continued (step 0) | 1.5 (1.3 at T=1) |" in card.text
+
+
+def test_a_card_without_its_repository_shows_placeholders_not_local_paths(tmp_path, target_folder):
+    """Snippets are read on the Hub, where the folder the card was written in means nothing: without --repo-id the
+    draft is a placeholder, a local target too, and tree decoding comes from the package's public import."""
+    from eagle3_hub.card import REPO_PLACEHOLDER, TARGET_PLACEHOLDER
+
+    draft = make_draft_folder(tmp_path / "draft")
+    text = write_model_card(draft, base_model=str(target_folder), license="mit").read_text()
+    assert f'Eagle3DraftModel.from_pretrained("{REPO_PLACEHOLDER}"' in text and f"--draft {REPO_PLACEHOLDER}" in text
+    assert f'AutoModelForCausalLM.from_pretrained("{TARGET_PLACEHOLDER}"' in text
+    assert str(tmp_path) not in text and "from eagle3_hub import generate" in text and "tree_decoding" not in text
+    assert "# draft" in text  # the title: the folder's name
+
+
+def test_a_hub_that_cannot_answer_the_license_is_said_not_swallowed(monkeypatch, caplog):
+    import huggingface_hub.constants
+
+    from eagle3_hub.card import target_license
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
+    with caplog.at_level("WARNING", logger="eagle3_hub.card"):
+        assert target_license("owner/target", timeout=2) == {}
+    assert "Could not read the license of owner/target" in caplog.text and "--license" in caplog.text
+
+
+def test_gguf_metadata_is_read_with_the_gguf_package(tmp_path):
+    import gguf
+
+    from eagle3_hub.card import gguf_metadata_value
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_string("general.license", "apache-2.0")
+    writer.add_uint32("llama.block_count", 2)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.close()
+    assert gguf_metadata_value(path, "general.license") == "apache-2.0"
+    assert gguf_metadata_value(path, "llama.block_count") == 2
+    assert gguf_metadata_value(path, "general.name") is None
+    (tmp_path / "not.gguf").write_bytes(b"not a gguf file at all")
+    with pytest.raises(ValueError):
+        gguf_metadata_value(tmp_path / "not.gguf", "general.license")
 
 
 # ----------------------------------------------------------------------------------------- push

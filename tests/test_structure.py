@@ -28,3 +28,23 @@ def test_the_demo_race_imports_without_gradio():
         block=("gradio",),
     )
     assert "gradio" not in loaded and "torch" in loaded
+
+
+def _eagle3_modules_after(code: str) -> set[str]:
+    """The eagle3_hub modules ``code`` loaded, in a fresh interpreter."""
+    probe = code + "\nimport json, sys\nprint(json.dumps(sorted(m for m in sys.modules if m.startswith('eagle3_hub'))))\n"
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return set(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_training_imports_neither_the_card_nor_the_hub_and_the_card_no_training():
+    """Imports run one way: the card and the Hub push below training, the publish step above both."""
+    trained = _eagle3_modules_after("import eagle3_hub.training.train, eagle3_hub.training.data")
+    assert not {"eagle3_hub.card", "eagle3_hub.hub", "eagle3_hub.publish"} & trained
+    card = _eagle3_modules_after("import eagle3_hub.card, eagle3_hub.hub")
+    assert not [m for m in card if m.startswith("eagle3_hub.training")]
+    # the publish step reads training's metrics without the training machinery (the card command needs no extras)
+    published = _eagle3_modules_after("import eagle3_hub.publish")
+    assert {m for m in published if m.startswith("eagle3_hub.training")} == {
+        "eagle3_hub.training", "eagle3_hub.training.card_info", "eagle3_hub.training.presets"}

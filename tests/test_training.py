@@ -30,6 +30,7 @@ from transformers import AutoTokenizer, DynamicCache
 
 from eagle3_hub import Eagle3DraftModel
 from eagle3_hub.devices import cpu_has_bf16_units
+from eagle3_hub.publish import after_training
 from eagle3_hub.targets import load_target, resolve_target
 from eagle3_hub.training import features as features_module
 from eagle3_hub.training.data import (
@@ -65,6 +66,7 @@ def trained(tmp_path_factory, tiny_target_dir, data_dir):
                         data={"regenerate": True, "max_new_tokens": 16},
                         train={"max_steps": 30, "lr": 5e-3, "eval_every": 10, "save_every": 10})
     out = train(recipe)
+    after_training(recipe, out)  # what `eagle3-hub train` does next: the model card
     return recipe, out
 
 
@@ -669,6 +671,7 @@ def test_a_continued_draft_can_take_a_new_vocabulary_from_the_data(tmp_path, tra
                         draft={"init_from": str(base_dir), "draft_vocab_size": 320, "reselect_vocab": True},
                         train={"max_steps": 2, "eval_every": 2, "save_every": 2})
     out = train(recipe)
+    after_training(recipe, out)  # the card, as `eagle3-hub train` writes it
     metrics = json.loads((out / "training_metrics.json").read_text())
     vocab = metrics["vocab"]
     assert not vocab["from_draft"] and vocab["draft_vocab_size"] == 320

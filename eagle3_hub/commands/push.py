@@ -1,4 +1,5 @@
-"""``eagle3-hub push``: upload a draft folder to the Hugging Face Hub (library: ``eagle3_hub.hub.push_draft``).
+"""``eagle3-hub push``: upload a draft folder to the Hugging Face Hub (library: ``eagle3_hub.hub.push_draft``, through
+``eagle3_hub.publish.push`` for the card's training information).
 
 A folder that is not a saved draft is bad input (exit 2, like every command); a push that the Hub refuses or
 cannot receive (no token, offline, 401/403) says what to do and exits 1.
@@ -19,11 +20,12 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    from ..hub import HubPushError, check_draft_folder, push_draft
+    from ..hub import HubPushError, check_draft_folder
+    from ..publish import push
 
     check_draft_folder(args.draft)  # not a saved draft: a ValueError, one line and exit 2 from the CLI
     try:
-        url = push_draft(args.draft, args.repo_id, private=args.private, token=args.token,
+        url = push(args.draft, args.repo_id, private=args.private, token=args.token,
                          commit_message=args.message, update_card=not args.no_card)
     except HubPushError as e:
         print(f"eagle3-hub push: error: {' '.join(str(e).split())}", file=sys.stderr)

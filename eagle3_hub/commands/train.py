@@ -10,10 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..hub import HubPushError
-from ..training.recipe import parse_overrides
-from ..training.train import train_recipe
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", help="YAML recipe (see recipes/); any key can also be given as --section.key VALUE")
@@ -32,11 +28,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
-    """Bad input raises (``eagle3_hub.cli`` prints it as one line, exit 2); a failed upload after training exits 1."""
+    """Bad input raises (``eagle3_hub.cli`` prints it as one line, exit 2); a failed upload after training exits 1.
+    After each stage that trained: its model card, and the upload when the recipe names ``push_to_hub``."""
+    from ..hub import HubPushError
+    from ..publish import after_training
+    from ..training.recipe import parse_overrides
+    from ..training.train import train_recipe
+
     overrides = parse_overrides([a for a in (args.overrides or []) if a != "--"])
     try:
         train_recipe(args.config, overrides, resume=args.resume, overwrite=args.overwrite,
-                     from_stage=args.from_stage, data_only=args.data_only)
+                     from_stage=args.from_stage, data_only=args.data_only, after_stage=after_training)
     except KeyError as e:  # a recipe key that is missing: bad input like any other
         raise ValueError(e.args[0] if e.args else str(e)) from None
     except HubPushError as e:

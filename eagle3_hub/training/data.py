@@ -31,12 +31,7 @@ from ..generation.tree import generate as tree_decode
 from ..generation.tree import load_draft
 from ..generation.tree.same_forward import same_forward_generate
 from ..targets import reference_draft
-
-# Named presets: real Hub dataset ids with the split and shape they hold.
-PRESETS = {
-    "sharegpt": {"path": "Aeala/ShareGPT_Vicuna_unfiltered", "split": "train", "data_files": "ShareGPT_V4.3_unfiltered_cleaned_split.json"},
-    "ultrachat": {"path": "HuggingFaceH4/ultrachat_200k", "split": "train_sft"},
-}
+from .presets import PRESETS
 
 _ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
              "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}

@@ -25,7 +25,6 @@ from tqdm.auto import tqdm
 
 from .. import Eagle3DraftModel
 from ..atomic import atomic_dir, atomic_write_json
-from ..hub import HubPushError
 from ..targets import check_aux_layer_ids, cpu_has_bf16_units, load_target, num_decoder_layers
 from .checkpoints import (
     FINISHED, claim_work_dir, latest_checkpoint, move_aside, read_state, record_run, recover, run_id, run_identity,
@@ -607,21 +606,9 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only
             "earlier_stages": earlier,  # the training of draft.init_from, oldest first
         }
         export_draft(model, out_dir, metrics=metrics, state_dict=state_dict)
-        if not recipe["lora"]["enabled"]:
-            try:
-                from ..card import write_model_card
-
-                write_model_card(out_dir, training_info=metrics)
-            except Exception as e:  # the draft is complete without its card; `eagle3-hub card` writes it later
-                print(f"[card] could not write the model card ({type(e).__name__}: {e}); run `eagle3-hub card {out_dir}`")
         atomic_write_json(work / FINISHED, {"output_dir": str(out_dir), "steps": step, "wall_time_s": round(wall, 1),
                                             "run_id": rid})
         accelerator.print(f"[done] draft written to {out_dir} ({step} steps, {wall / 60:.1f} min)")
-        if recipe["push_to_hub"]:
-            from ..hub import push_draft
-
-            url = push_draft(out_dir, recipe["push_to_hub"], private=recipe["private"])
-            accelerator.print(f"[push] {url}")
     return out_dir
 
 
@@ -650,13 +637,13 @@ def export_draft(model, out_dir: Path, metrics: dict | None = None, state_dict: 
 
 
 def train_recipe(config: str | None, overrides: dict | None = None, resume: bool = False, overwrite: bool = False,
-                 from_stage: int = 1, data_only: bool = False):
+                 from_stage: int = 1, data_only: bool = False, after_stage=None):
     """Train every stage of a recipe file in turn (``--resume`` skips the stages that finished in their work_dir).
     ``from_stage`` N starts at stage N, continuing the draft that stage N - 1 wrote (a shipped draft, say);
-    ``data_only`` prepares each stage's data and trains nothing.
+    ``data_only`` prepares each stage's data and trains nothing. ``after_stage(recipe, output_dir)`` runs after
+    each stage that trained (``eagle3-hub train`` writes the card and pushes there: training knows neither).
 
-    Raises ``ValueError`` / ``DataError`` / ``OSError`` for bad input, ``HubPushError`` when the final upload fails
-    (the draft is saved by then)."""
+    Raises ``ValueError`` / ``DataError`` / ``OSError`` for bad input, and what ``after_stage`` raises."""
     overrides = overrides or {}
     chain = load_stages(load_recipe(config, overrides), overrides)
     for stage in chain:
@@ -680,12 +667,9 @@ def train_recipe(config: str | None, overrides: dict | None = None, resume: bool
             print(f"[resume] {name} finished earlier ({Path(recipe['work_dir']) / FINISHED}): skipped; "
                   "run with --overwrite instead of --resume to train it again", flush=True)
             continue
-        try:
-            train(recipe, resume=resume, overwrite=overwrite)
-        except HubPushError as e:
-            e.output_dir = recipe["output_dir"]
-            e.repo_id = recipe.get("push_to_hub")
-            raise
+        out = train(recipe, resume=resume, overwrite=overwrite)
+        if after_stage is not None:
+            after_stage(recipe, out)
 
 
 def check_stage_start(chain: list[dict], from_stage: int) -> None:
