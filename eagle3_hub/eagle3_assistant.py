@@ -11,8 +11,15 @@ How it fits into transformers' assisted generation (``AssistedCandidateGenerator
 The draft needs the target's features (aux decoder layer outputs) at every position the target accepted.
 transformers hands an assistant no target states, so ``bind(target)`` registers forward hooks on the
 target's aux layers. An unbound draft binds itself on its first call, once, to the model whose assisted
-generation calls it (after ``check_fits``), so ``target.generate(ids, assistant_model=draft)`` works as written. Our ``generate`` *arms* them for exactly the next target forward (the verification of
-its candidates); that forward's features are kept (one block) and consumed by the next round.
+generation calls it (after ``check_fits``; ``eagle3_hub.assisting_caller`` finds that model, the package's one
+look at the call stack), so ``target.generate(ids, assistant_model=draft)`` works as written; a bound draft
+never looks. Our ``generate`` *arms* the hooks for exactly the next target forward (the verification of its
+candidates); that forward's features are kept (one block) and consumed by the next round.
+
+Threads: what a call arms and captures, and its counts, belong to the thread that runs it (hooks run in the
+thread of the forward that calls them), so one bound draft serves several threads at once: assisted calls,
+tree decoding and plain forwards of the target. The hooks stay on the target while the draft is bound; in a
+thread with no assisted call in progress they return at once.
 
 Draft KV cache: entries at positions < ``valid_length`` were computed from target features; entries after
 that came from the draft's own hidden states and are dropped each round, then the positions the target
@@ -29,6 +36,7 @@ softmax(scores), so transformers' speculative sampling keeps the target's distri
 
 from __future__ import annotations
 
+import threading
 import weakref
 
 import torch
@@ -74,17 +82,30 @@ def feature_modules(target, layer_ids: list[int]) -> list[torch.nn.Module]:
     return modules
 
 
+class _Binding:
+    """The feature hooks of one ``bind(target)``: shared by every thread, never changed after it is made."""
+
+    def __init__(self, modules: list[torch.nn.Module], first_slot: int, handles: list):
+        self.modules = [weakref.ref(m) for m in modules]
+        self.num_slots = len(modules)
+        self.first_slot = first_slot  # the slot whose module runs first in a forward
+        self.handles = handles
+
+    def hooks(self, modules: list[torch.nn.Module]) -> bool:
+        return len(modules) == self.num_slots and all(r() is m for r, m in zip(self.modules, modules))
+
+
 class _FeatureCapture:
-    """Target features captured by the hooks of one binding.
+    """Target features captured for one assisted call, in the thread that runs it.
 
     ``armed_end``: sequence index of the last token of the next target forward, or None (forwards are then
     only counted, not stored). ``rows``: list of (start index, features (1, s, 3*Ht)) still to be consumed.
     """
 
-    def __init__(self, modules: list[torch.nn.Module], first_slot: int):
-        self.modules = [weakref.ref(m) for m in modules]
-        self.num_slots = len(modules)
-        self.first_slot = first_slot  # the slot whose module runs first in a forward
+    def __init__(self, binding: _Binding):
+        self.binding = binding
+        self.num_slots = binding.num_slots
+        self.first_slot = binding.first_slot
         self.armed_end: int | None = None
         self.armed_for_recompute = False
         self.pending: dict[int, torch.Tensor | None] = {}
@@ -161,29 +182,67 @@ class _AssistSession:
         }
 
 
+class _CallState(threading.local):
+    """One thread's assisted call on one draft: its capture and its counts."""
+
+    capture: _FeatureCapture | None = None
+    session: _AssistSession | None = None
+
+
+# draft -> its per-thread call state; kept outside the module so that a copy of a draft (deepcopy) starts clean
+_CALL_STATES: "weakref.WeakKeyDictionary[torch.nn.Module, _CallState]" = weakref.WeakKeyDictionary()
+_LOCK = threading.Lock()  # making a draft's call state; binding an unbound draft on its first call
+
+
+def _call_state(draft) -> _CallState:
+    state = _CALL_STATES.get(draft)
+    if state is None:
+        with _LOCK:
+            state = _CALL_STATES.setdefault(draft, _CallState())
+    return state
+
+
 class Eagle3AssistantMixin:
     """Feature hooks on the bound target and the ``generate`` that transformers' assisted generation calls."""
 
-    _hook_handles: list | None = None
-    _capture: _FeatureCapture | None = None
-    _assist_session: _AssistSession | None = None
+    _binding: _Binding | None = None
+
+    @property
+    def _hook_handles(self) -> list | None:
+        return self._binding.handles if self._binding is not None else None
+
+    @property
+    def _capture(self) -> _FeatureCapture | None:
+        """This thread's capture of the current binding (its last assisted call's, or a new one)."""
+        state = _call_state(self)
+        if self._binding is not None and (state.capture is None or state.capture.binding is not self._binding):
+            state.capture = _FeatureCapture(self._binding)
+        return state.capture
+
+    @property
+    def _assist_session(self) -> _AssistSession | None:
+        return _call_state(self).session
 
     # ------------------------------------------------------------------ hooks
     def _register_feature_hooks(self, target):
-        self.unbind(keep_target=True)
         layer_ids = self.config.aux_layer_ids
         modules = feature_modules(target, layer_ids)
-        capture = _FeatureCapture(modules, first_slot=layer_ids.index(min(layer_ids)))
+        if self._binding is not None and self._binding.hooks(modules):
+            return  # already hooked there: the hooks other threads' calls rely on stay in place
+        self.unbind(keep_target=True, remove_hooks=True)
         draft_ref = weakref.ref(self)
         handles = []
         for slot, module in enumerate(modules):
             handles.append(module.register_forward_hook(_make_feature_hook(draft_ref, slot), with_kwargs=True))
-        self._capture = capture
-        self._hook_handles = handles
+        self._binding = _Binding(modules, first_slot=layer_ids.index(min(layer_ids)), handles=handles)
 
     def _on_target_feature(self, slot: int, module, output, kwargs):
-        cap = self._capture
-        if cap is None or cap.modules[slot]() is not module:  # e.g. a deepcopy of the target carries our hooks
+        binding = self._binding
+        if binding is None or binding.modules[slot]() is not module:  # e.g. a deepcopy of the target carries our hooks
+            return
+        state = _CALL_STATES.get(self)
+        cap = state.capture if state is not None else None
+        if cap is None or cap.binding is not binding:  # no assisted call of this binding in this thread
             return
         hidden = output[0] if isinstance(output, tuple) else output  # (1, s, Ht)
         if slot == cap.first_slot:  # a new forward starts
@@ -197,7 +256,7 @@ class Eagle3AssistantMixin:
         if cap.armed_end is not None:
             feats = torch.cat([cap.pending[i] for i in range(cap.num_slots)], dim=-1)  # (1, s, 3*Ht)
             cap.rows.append((cap.armed_end - s + 1, feats))
-            session = self._assist_session
+            session = state.session
             if session is not None:
                 if cap.armed_for_recompute:
                     session.extra_target_forwards += 1
@@ -205,13 +264,13 @@ class Eagle3AssistantMixin:
                     session.target_forwards += 1
             cap.armed_end = None
         else:
-            self._on_unarmed_forward(s, cap.first_position)
+            self._on_unarmed_forward(state.session, s, cap.first_position)
         cap.pending = {}
 
-    def _on_unarmed_forward(self, num_tokens: int, first_position: int | None):
-        """A target forward the draft did not ask for. The only one that belongs to an assisted call is its
-        last round when one token was left (transformers then skips the assistant); anything else ends it."""
-        session = self._assist_session
+    def _on_unarmed_forward(self, session, num_tokens: int, first_position: int | None):
+        """A target forward of this thread the draft did not ask for. The only one that belongs to an assisted
+        call is its last round when one token was left (transformers then skips the assistant); anything else
+        ends it."""
         if session is None or session.closed:
             return
         end = session.last_length + session.last_drafted  # the bonus token lies in last_length..end
@@ -222,13 +281,19 @@ class Eagle3AssistantMixin:
                 session.record_outcome(first_position + 1)
         session.closed = True
 
-    def unbind(self, keep_target: bool = False):
-        """Remove the feature hooks from the target (and forget it unless ``keep_target``)."""
-        for h in self._hook_handles or []:
-            h.remove()
-        self._hook_handles = None
-        self._capture = None
-        self._assist_session = None
+    def unbind(self, keep_target: bool = False, remove_hooks: bool | None = None):
+        """Remove the feature hooks from the target and forget it. ``keep_target``: keep both, dropping only
+        this thread's captured features (the hooks cost a look-up in a thread with no assisted call, and another
+        thread's call may need them); ``remove_hooks=True`` removes them all the same."""
+        state = _CALL_STATES.get(self)
+        if state is not None:
+            state.capture = state.session = None
+        if remove_hooks is None:
+            remove_hooks = not keep_target
+        if remove_hooks:
+            for h in self._hook_handles or []:
+                h.remove()
+            self._binding = None
         if not keep_target:
             self._target_ref = None
         return self
@@ -243,9 +308,11 @@ class Eagle3AssistantMixin:
         in rounds whose outcome the draft saw (the first-round placeholder excluded); ``pending_drafted_tokens``:
         candidates of the final round when its outcome is unknown (transformers does not call the assistant
         after it). ``rounds``: one dict per drafting round (``input_length``, ``drafted``, ``accepted`` or None).
-        The mean number of tokens per target forward is ``new_tokens / target_forwards``.
+        The mean number of tokens per target forward is ``new_tokens / target_forwards``. Per thread: the last
+        call made in the thread that reads it.
         """
-        return self._assist_session.stats() if self._assist_session is not None else None
+        session = self._assist_session
+        return session.stats() if session is not None else None
 
     # ------------------------------------------------------------------ assisted generation
     @torch.no_grad()
@@ -271,17 +338,17 @@ class Eagle3AssistantMixin:
                 "An EAGLE-3 draft cannot generate on its own: it drafts from its target's features. Use "
                 "`target.generate(ids, assistant_model=draft)` (after `draft.bind(target)`) or `eagle3_hub.generate`."
             )
-        caller = _assisting_model(self)
         target = self.target
-        if target is None and caller is not None:
-            self.bind(caller)  # the first call binds the draft, once, to the model that calls it (fit-checked)
-            target = caller
-        elif target is not None and caller is not None and caller is not target:
-            raise RuntimeError(
-                "This draft is bound to another model than the one calling it: call `draft.bind(target)` for the model "
-                "you generate with (a draft follows one target at a time)."
-            )
-        if target is None or self._capture is None:
+        if target is None:  # the caller did not bind it: the first call binds it, once, to the model that calls
+            caller = _assisting_model(self)
+            if caller is not None:
+                with _LOCK:
+                    if self.target is None:
+                        self.bind(caller)  # fit-checked
+                target = self.target
+                if target is not caller:
+                    raise RuntimeError(BOUND_ELSEWHERE)
+        if target is None or self._binding is None:
             raise RuntimeError(
                 "This draft is not bound to a target, and the caller is not transformers' assisted generation, so the "
                 "draft cannot tell whose features to read. Call `draft.bind(target)` (or load it with "
@@ -293,11 +360,13 @@ class Eagle3AssistantMixin:
             max_new_tokens = 1
         if cache is None:  # earlier transformers 5.x releases name it past_key_values
             cache = past_key_values
-        cap = self._capture
-        session = self._assist_session
+        state = _call_state(self)
+        cap, session = state.capture, state.session
         L = input_ids.shape[1]
         new_call = (
             session is None
+            or cap is None
+            or cap.binding is not self._binding
             or cache is None
             or session.cache_ref is None
             or session.cache_ref() is not cache
@@ -309,34 +378,33 @@ class Eagle3AssistantMixin:
                     "The EAGLE-3 assistant needs an unpadded sequence (the attention mask has zeros). "
                     f"Pass the prompt without padding; {BATCH_HELP}"
                 )
-            return self._placeholder_round(input_ids, generation_config)
+            return self._placeholder_round(state, input_ids, generation_config)
 
         if cap.armed_end is not None:
-            raise RuntimeError(
-                "The draft saw no forward pass of the target it is bound to since its last round: "
-                "`target.generate(..., assistant_model=draft)` must be called on the bound target. "
-                "Call `draft.bind(target)` for this target."
-            )
+            raise RuntimeError(BOUND_ELSEWHERE + " (the draft saw no forward pass of the target it is bound to since "
+                               "its last round)")
         session.record_outcome(L)
-        return self._draft_round(input_ids, generation_config, logits_processor, min_new_tokens, max_new_tokens, cache)
+        return self._draft_round(state, input_ids, generation_config, logits_processor, min_new_tokens,
+                                 max_new_tokens, cache)
 
-    def _placeholder_round(self, input_ids, generation_config):
+    def _placeholder_round(self, state: _CallState, input_ids, generation_config):
         """First round of a call: the target has not run yet. Propose the last token with one-hot scores."""
         L = input_ids.shape[1]
         session = _AssistSession(generation_config, prompt_length=L)
-        self._assist_session = session
-        self._capture.clear()
+        state.session = session
+        state.capture = _FeatureCapture(self._binding)
         token = input_ids[:, -1:]
         scores = torch.full((1, self.config.vocab_size), float("-inf"), device=input_ids.device)
         scores[0, token[0, 0]] = 0.0
         cache = DynamicCache()
         session.cache_ref = weakref.ref(cache)
         session.last_length, session.last_drafted = L, 0
-        self._capture.arm(end=L)  # the target's prefill covers 0..L (placeholder included)
+        state.capture.arm(end=L)  # the target's prefill covers 0..L (placeholder included)
         return _round_output(torch.cat([input_ids, token], dim=-1), (scores,), cache)
 
-    def _draft_round(self, input_ids, generation_config, logits_processor, min_new_tokens, max_new_tokens, cache):
-        session, cap = self._assist_session, self._capture
+    def _draft_round(self, state: _CallState, input_ids, generation_config, logits_processor, min_new_tokens,
+                     max_new_tokens, cache):
+        session, cap = state.session, state.capture
         L = input_ids.shape[1]
         device = self.fc.weight.device
         input_ids = input_ids.to(device)
@@ -433,27 +501,22 @@ def _eos_ids(generation_config, device) -> torch.Tensor | None:
     return torch.as_tensor(eos, device=device).reshape(-1)
 
 
+BOUND_ELSEWHERE = (
+    "This draft is bound to another model than the one calling it: call `draft.bind(target)` for the model you "
+    "generate with (a draft follows one target at a time)"
+)
+
+
 def _assisting_model(draft):
-    """The model whose ``generate(..., assistant_model=draft)`` is asking ``draft`` for candidates, or None.
+    """The model whose assisted generation is asking the unbound ``draft`` for candidates, or None.
 
-    transformers hands an assistant no reference to the model it assists; its assisted decoding loop is the
-    caller a few frames up. The frame is recognised by its code object (not a name) and by its
-    ``assistant_model`` being this draft, so nothing else is ever taken for the target."""
-    import inspect
-    import sys
-
-    from transformers.generation.utils import GenerationMixin
-
-    code = inspect.unwrap(GenerationMixin._assisted_decoding).__code__
-    frame = sys._getframe(1)
-    for _ in range(12):
-        if frame is None:
-            return None
-        if frame.f_code is code and frame.f_locals.get("assistant_model") is draft:
-            model = frame.f_locals.get("self")
-            return model if isinstance(model, torch.nn.Module) else None
-        frame = frame.f_back
-    return None
+    transformers hands an assistant no reference to that model; ``eagle3_hub.assisting_caller`` finds it on the
+    call stack. A copy of this file shipped as remote code, without the package, binds only explicitly."""
+    try:
+        from eagle3_hub.assisting_caller import assisting_model
+    except ImportError:
+        return None
+    return assisting_model(draft)
 
 
 def _make_feature_hook(draft_ref, slot: int):

@@ -248,3 +248,127 @@ def test_export_space_never_writes_into_a_vcs_folder(tmp_path, capsys):
     code, err = export(tmp_path / "s" / ".git", fake_wheel(tmp_path / "w"), capsys)
     assert code == 2 and "version-control folder" in err
     assert list((tmp_path / "s" / ".git").iterdir()) == []
+
+
+# ---------------------------------------------------------------------------------------------- one draft, threads
+
+
+def _tiny_pair(seed: int = 0):
+    from tiny_models import make_tiny_target
+
+    from eagle3_hub import Eagle3DraftModel
+
+    target = make_tiny_target("llama", seed=seed)
+    torch.manual_seed(seed + 1)
+    return target, Eagle3DraftModel.from_target(target).eval()
+
+
+def _prompts(n: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 256, (1, 6 + i % 3), generator=g) for i in range(n)]
+
+
+def _run_threads(jobs) -> list[str]:
+    """Run the callables together (released at once); the errors they raised."""
+    errors: list[str] = []
+    start = threading.Barrier(len(jobs))
+
+    def run(job):
+        try:
+            start.wait()
+            job()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(f"{type(e).__name__}: {e}")
+
+    threads = [threading.Thread(target=run, args=(job,)) for job in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not any(t.is_alive() for t in threads)
+    return errors
+
+
+def test_one_bound_draft_serves_assisted_and_tree_decoding_from_threads():
+    """The defect: two threads running `target.generate(..., assistant_model=draft)` with one draft failed ("did not
+    reach the draft's feature hooks", size mismatches), and tree decoding in one thread removed the hooks an
+    assisted call in another needed. Now every call gets plain greedy's tokens."""
+    from eagle3_hub.generation.tree import generate as tree_generate
+
+    target, draft = _tiny_pair()
+    draft.bind(target)
+    prompts = _prompts(4)
+    new = 24
+
+    def plain(ids):
+        return target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
+                               eos_token_id=None, pad_token_id=0)
+
+    expected = [plain(ids) for ids in prompts]
+    got: dict = {}
+
+    def assisted(k):
+        def job():
+            for i, ids in enumerate(prompts):
+                out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, do_sample=False,
+                                      max_new_tokens=new, eos_token_id=None, pad_token_id=0)
+                got[("assisted", k, i)] = (out, draft.last_assisted_stats)
+        return job
+
+    def tree(k):
+        def job():
+            for i, ids in enumerate(prompts):
+                out = tree_generate(target, draft, ids, max_new_tokens=new, eos_token_id=[], depth=3, tree_top_k=2,
+                                    total_tokens=6)
+                got[("tree", k, i)] = (out.sequences, None)
+        return job
+
+    errors = _run_threads([assisted(0), assisted(1), assisted(2), tree(0), tree(1)])
+    assert not errors, errors[:3]
+    assert len(got) == 5 * len(prompts)
+    for (kind, _, i), (seq, stats) in got.items():
+        assert torch.equal(seq, expected[i]), (kind, i)
+        if stats is not None:  # each thread's counts are its own call's
+            assert stats["prompt_length"] == prompts[i].shape[1]
+    assert len(draft._hook_handles) == 3  # still bound, one set of hooks
+
+
+def test_an_unbound_draft_called_from_threads_binds_once():
+    target, draft = _tiny_pair(seed=3)
+    prompts = _prompts(2, seed=5)
+    expected = [target.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
+                for ids in prompts]
+    got = []
+
+    def job():
+        for i, ids in enumerate(prompts):
+            got.append(torch.equal(target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12,
+                                                   eos_token_id=None, pad_token_id=0), expected[i]))
+
+    assert _run_threads([job, job, job]) == []
+    assert got == [True] * 6 and draft.target is target
+    assert sum(len(m._forward_hooks) for m in target.modules()) == 3
+
+
+def test_the_assisting_caller_is_found_only_in_assisted_decoding():
+    """The one frame walk (eagle3_hub.assisting_caller): found from transformers' assisted decoding (the tests above
+    and test_assisted.py's unbound drafts), never from a look-alike frame; a bound draft does not walk at all."""
+    from eagle3_hub import assisting_caller
+
+    target, draft = _tiny_pair()
+    assert assisting_caller.assisting_model(draft) is None
+
+    def _assisted_decoding(self=target, assistant_model=draft):  # same names, another code object
+        return assisting_caller.assisting_model(assistant_model)
+
+    assert _assisted_decoding() is None
+    draft.bind(target)
+    calls = []
+    real = assisting_caller.assisting_model
+    assisting_caller.assisting_model = lambda d, *a: calls.append(d) or real(d, *a)
+    try:
+        ids = _prompts(1)[0]
+        target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=6, eos_token_id=None, pad_token_id=0)
+    finally:
+        assisting_caller.assisting_model = real
+    assert calls == []  # bound explicitly: the draft never looks at the stack
