@@ -28,9 +28,28 @@ def resolve_device(device: str | torch.device | None = "auto") -> torch.device:
         mps = getattr(torch.backends, "mps", None)
         return torch.device("mps" if mps is not None and mps.is_available() else "cpu")
     try:
-        return torch.device(device)
+        dev = torch.device(device)
     except (RuntimeError, TypeError) as e:
         raise ValueError(f"device {device!r} is not a torch device: use auto, cpu, cuda, cuda:N or mps") from e
+    check_available(dev)
+    return dev
+
+
+def check_available(device: torch.device) -> None:
+    """Refuse, in one line, a CUDA or MPS device this torch cannot use (before a model is moved there)."""
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise ValueError(f"device {str(device)!r} is not available: {why} (torch {torch.__version__}); use --device "
+                             "cpu or auto")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ValueError(f"device {str(device)!r} is not available: {torch.cuda.device_count()} CUDA GPU(s) are "
+                             "visible, numbered from 0")
+    elif device.type == "mps":
+        mps = getattr(torch.backends, "mps", None)
+        if mps is None or not mps.is_available():
+            raise ValueError(f"device 'mps' is not available: this torch or machine has no Apple MPS backend "
+                             f"(torch {torch.__version__}); use --device cpu or auto")
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:

@@ -372,3 +372,64 @@ def test_the_assisting_caller_is_found_only_in_assisted_decoding():
     finally:
         assisting_caller.assisting_model = real
     assert calls == []  # bound explicitly: the draft never looks at the stack
+
+
+# ---------------------------------------------------------------------------------------------- one line, exit 2
+
+
+def _cli(capsys, *argv: str) -> tuple[int, str]:
+    from eagle3_hub import cli
+
+    capsys.readouterr()
+    code = cli.main(list(argv))
+    err = capsys.readouterr().err.strip()
+    assert "Traceback" not in err and len(err.splitlines()) == 1, err
+    return code, err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (("generate", "--prompt", "hi", "--temperature", "-1"), "generate: error: --temperature takes numbers >= 0 (0 = greedy), got -1"),
+    (("generate", "--prompt", "hi", "--temperature", "nan"), "--temperature takes numbers >= 0"),
+    (("bench", "--temperature", "-1"), "bench: error: --temperature takes numbers >= 0 (0 = greedy), got '-1'"),
+    (("generate", "--prompt", "hi", "--top-p", "0"), "generate: error: --top-p takes a number in (0, 1]"),
+    (("bench", "--top-p", "1.5"), "bench: error: --top-p takes a number in (0, 1]"),
+    (("generate", "--prompt", "hi", "--top-k", "-2"), "generate: error: --top-k takes an integer >= 0"),
+    (("bench", "--top-k", "-2"), "bench: error: --top-k takes an integer >= 0"),
+    (("demo", "--port", "99999"), "demo: error: --port must be a TCP port, 1 to 65535, got 99999"),
+])
+def test_numeric_flags_are_refused_alike_in_one_line(capsys, argv, says):
+    """The defects: `generate --temperature -1` ran greedy while bench refused it; `demo --port 99999` raised an
+    OverflowError."""
+    code, err = _cli(capsys, *argv)
+    assert code == 2 and says in err, err
+
+
+def test_convert_refuses_a_negative_number_of_speculative_tokens(tmp_path, capsys):
+    """The defect: `convert --num-speculative-tokens -1` was written into the vLLM config."""
+    code, err = _cli(capsys, "convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--to", "vllm",
+                     "--num-speculative-tokens", "-1")
+    assert code == 2 and "--num-speculative-tokens must be at least 1, got -1" in err
+    assert not (tmp_path / "dst").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is there")
+@pytest.mark.parametrize("command", [("generate", "--prompt", "hi"), ("bench", "--methods", "plain")])
+def test_a_cuda_device_without_cuda_is_one_line(capsys, command):
+    """The defect: `--device cuda` on a CPU-only torch was an AssertionError from `model.to`, exit 1."""
+    code, err = _cli(capsys, *command, "--device", "cuda")
+    assert code == 2 and "device 'cuda' is not available" in err and "--device cpu" in err
+
+
+def test_device_checks_in_the_shared_place():
+    from eagle3_hub.devices import resolve_device
+
+    assert resolve_device("cpu").type == "cpu"
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device 'cuda:1' is not available"):
+            resolve_device("cuda:1")
+    mps = getattr(torch.backends, "mps", None)
+    if mps is None or not mps.is_available():
+        with pytest.raises(ValueError, match=r"device 'mps' is not available: .*use --device cpu or auto"):
+            resolve_device("mps")
+    with pytest.raises(ValueError, match="is not a torch device"):
+        resolve_device("gpu")

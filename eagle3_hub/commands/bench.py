@@ -10,6 +10,7 @@ import argparse
 
 from ..benchmark.options import METHOD_NAMES, SWEEP_DEFAULTS, TREE_KEYS, number_list, tree_grid
 from ..benchmark.suites import STANDARD_SUITES
+from .flags import check_temperature, check_top_k, check_top_p
 
 # --flag -> tree key (the tree's own lookup branch has its flag apart from prompt-lookup decoding's)
 TREE_FLAGS = {"depth": "depth", "tree_top_k": "tree_top_k", "total_tokens": "total_tokens",
@@ -104,6 +105,8 @@ def _check_numbers(args):
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be 0 or more, got {args.warmup}")
+    check_top_p(args.top_p)
+    check_top_k(args.top_k)
 
 
 def run(args) -> int:
@@ -130,8 +133,9 @@ def run(args) -> int:
         temperatures = [float(t) for t in str(args.temperature).split(",") if t.strip()]
     except ValueError:
         raise ValueError(f"--temperature takes comma-separated numbers (0 = greedy), got {args.temperature!r}") from None
-    if any(t < 0 for t in temperatures) or not temperatures:
+    if not temperatures:
         raise ValueError(f"--temperature takes numbers >= 0 (0 = greedy), got {args.temperature!r}")
+    temperatures = [check_temperature(t, given=args.temperature) for t in temperatures]
     modes = [Mode(t, args.top_p, args.top_k) for t in temperatures]
     batch_sizes = number_list(args.batch_size)
     if any(b < 1 for b in batch_sizes):

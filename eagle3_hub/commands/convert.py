@@ -35,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 
 def run(args) -> int:
+    if args.num_speculative_tokens < 1:
+        raise ValueError(f"--num-speculative-tokens must be at least 1, got {args.num_speculative_tokens}")
     out = convert(
         args.src, args.dst, to=args.to, target=args.target, aux_layer_ids=args.aux_layer_ids,
         verifier=args.verifier, num_speculative_tokens=args.num_speculative_tokens, force=args.force,

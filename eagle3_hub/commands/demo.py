@@ -53,6 +53,8 @@ def run(args) -> int:
         raise ValueError(f"--max-new-tokens-limit must be at least 1, got {args.max_new_tokens_limit}")
     if args.queue_size < 1:
         raise ValueError(f"--queue-size must be at least 1, got {args.queue_size}")
+    if args.port is not None and not 0 < args.port < 65536:
+        raise ValueError(f"--port must be a TCP port, 1 to 65535, got {args.port}")
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # gradio's own start-up requests
     logger = logging.getLogger("eagle3_hub.demo")

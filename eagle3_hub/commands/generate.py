@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from ..targets import default_draft, reference_draft
+from .flags import check_temperature, check_top_k, check_top_p
 
 
 def add_arguments(parser: argparse.ArgumentParser):
@@ -108,6 +109,9 @@ def run(args: argparse.Namespace) -> int:
     check_model_path(args.draft, "Draft")
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
+    check_temperature(args.temperature)  # the rules bench applies (commands/flags.py)
+    check_top_p(args.top_p)
+    check_top_k(args.top_k)
     draft_path = args.draft or default_draft(args.target, "eagle3-hub generate")
     device, dtype = resolve_device_dtype(args.device, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
