@@ -4,19 +4,20 @@ there, its sibling modules next to it), so that
     target.generate(ids, custom_generate="user/draft-repo", trust_remote_code=True)
 
 runs tree decoding without the eagle3_hub package installed: transformers calls ``generate(model=target, ...)``
-below with the arguments of its own ``generate``.
+below with the arguments of its own ``generate``. The draft is ``draft=`` when the caller names it (a loaded model, a
+repo id or a folder), else the one in the repo this file came from (``hub_caller``: transformers does not say which).
 """
 
 from __future__ import annotations
 
 import copy
-import inspect
 from pathlib import Path
 
 from transformers import StoppingCriteriaList
 from transformers.generation.stopping_criteria import StopStringCriteria
 
 from .api import load_draft, tree_generate
+from .hub_caller import custom_generate_call
 
 
 def generate(
@@ -35,19 +36,22 @@ def generate(
     tokenizer=None,
     **kwargs,
 ):
-    """Loads the draft from the same repo (unless ``draft=`` is given) and runs ``tree_generate`` through
-    transformers; the tree-shape keywords of ``tree_generate`` pass through."""
+    """Runs ``tree_generate`` through transformers with ``draft``: a loaded EAGLE-3 draft, a repo id or a folder
+    (``draft="user/draft-repo"``), or by default the draft in the repo this file came from. Code of a repo loads only
+    with the caller's ``trust_remote_code=True`` (``hub_caller``). The tree-shape keywords of ``tree_generate`` pass
+    through."""
     if negative_prompt_ids is not None or negative_prompt_attention_mask is not None:
         raise ValueError("Tree decoding does not support negative prompts.")
     if draft is None:
         draft = assistant_model
-    repo, revision, trust_remote_code = _custom_generate_source()
     if draft is None:
-        if repo is None:
-            raise ValueError("Could not tell which repo this custom_generate came from: pass draft=... explicitly.")
-        draft = load_draft(repo, model, revision, trust_remote_code=trust_remote_code)
+        call = custom_generate_call()
+        if call.repo is None:
+            raise ValueError("Could not tell which repo this custom_generate came from: pass the draft explicitly, "
+                             "draft='user/draft-repo' (or a loaded draft).")
+        draft = load_draft(call.repo, model, call.revision, trust_remote_code=call.trust_remote_code)
     elif isinstance(draft, (str, Path)):
-        draft = load_draft(str(draft), model, trust_remote_code=trust_remote_code)
+        draft = load_draft(str(draft), model, trust_remote_code=custom_generate_call().trust_remote_code)
     stop_strings = kwargs.pop("stop_strings", None)
     if generation_config is not None and getattr(generation_config, "stop_strings", None):
         stop_strings = stop_strings or generation_config.stop_strings
@@ -71,20 +75,3 @@ def generate(
         eagle_streamer=streamer,
         **kwargs,
     )
-
-
-def _custom_generate_source() -> tuple[str | None, str | None, bool | None]:
-    """(repo, revision, trust_remote_code) of the ``target.generate(custom_generate="repo", ...)`` call up the stack.
-
-    transformers hands a custom generate function neither the repo it came from nor the caller's
-    ``trust_remote_code`` (it runs from transformers' module cache, and no documented API names the repo), so both
-    are read from the caller's ``generate`` frame: the repo to load the draft from, and the caller's own word on
-    running its code, passed on as they said it (transformers ran this file only with it)."""
-    frame = inspect.currentframe()
-    while frame is not None:
-        local = frame.f_locals
-        if frame.f_code.co_name == "generate" and isinstance(local.get("custom_generate"), str) and "self" in local:
-            extra = local.get("kwargs") or {}
-            return local["custom_generate"], extra.get("revision"), local.get("trust_remote_code")
-        frame = frame.f_back
-    return None, None, None
