@@ -433,3 +433,44 @@ def test_device_checks_in_the_shared_place():
             resolve_device("mps")
     with pytest.raises(ValueError, match="is not a torch device"):
         resolve_device("gpu")
+
+
+# ---------------------------------------------------------------------------------------------- convert --force
+
+
+@pytest.fixture
+def run_with_draft(tmp_path):
+    """A training run's folder: its draft (with card and metrics) and its checkpoints."""
+    _, draft = _tiny_pair()
+    run = tmp_path / "run"
+    draft.save_pretrained(run / "draft")
+    (run / "draft" / "README.md").write_text("# card\n")
+    (run / "draft" / "training_metrics.json").write_text("{}")
+    (run / "checkpoints" / "step-3").mkdir(parents=True)
+    (run / "checkpoints" / "step-3" / STATE_FILE).write_text("{}")
+    return run
+
+
+@pytest.mark.parametrize("dst", ["run/draft", "run", "."])
+def test_convert_force_never_destroys_its_own_source(tmp_path, capsys, monkeypatch, run_with_draft, dst):
+    """The defect: `convert run/draft run/draft --force` deleted the draft's card and metrics, and
+    `convert run/draft run --force` deleted run/checkpoints and run/draft, exit 0."""
+    monkeypatch.chdir(tmp_path)
+    before = snapshot(tmp_path)
+    code, err = _cli(capsys, "convert", "run/draft", dst, "--force")
+    assert code == 2 and "the draft being converted" in err and "would delete it" in err, err
+    assert snapshot(tmp_path) == before
+
+
+def test_convert_force_never_replaces_a_vcs_folder(tmp_path, capsys, run_with_draft):
+    out = tmp_path / "out"
+    (out / ".git").mkdir(parents=True)
+    (out / ".git" / "HEAD").write_text("ref\n")
+    code, err = _cli(capsys, "convert", str(run_with_draft / "draft"), str(out), "--force")
+    assert code == 2 and "version-control folder" in err
+    assert (out / ".git" / "HEAD").read_text() == "ref\n"
+    from eagle3_hub import cli
+    # what --force is for: replacing an earlier output
+    assert cli.main(["convert", str(run_with_draft / "draft"), str(tmp_path / "new")]) == 0
+    assert cli.main(["convert", str(run_with_draft / "draft"), str(tmp_path / "new"), "--force"]) == 0
+    assert (tmp_path / "new" / "config.json").is_file()

@@ -23,6 +23,23 @@ def _meta_target(target: str):
         return AutoModelForCausalLM.from_config(config)
 
 
+VCS_DIRS = (".git", ".hg", ".svn")
+
+
+def check_destination(src, folder: Path, dst, force: bool) -> None:
+    """Refuse a destination whose replacement would destroy the draft being read (``dst`` is ``src`` or holds it)
+    or a version-control folder, whatever ``force`` says: ``--force`` replaces an older output, never those."""
+    dst = Path(dst).resolve()
+    sources = {Path(folder).resolve()} | ({Path(src).resolve()} if Path(str(src)).exists() else set())
+    for source in sources:
+        if dst == source or dst in source.parents:
+            raise ValueError(f"{dst} {'is' if dst == source else 'holds'} the draft being converted ({source}): writing "
+                             "there would delete it. Give another destination folder.")
+    if force and dst.is_dir() and (dst.name in VCS_DIRS or any((dst / v).exists() for v in VCS_DIRS)):
+        raise ValueError(f"{dst} holds a version-control folder: --force never replaces one. Give another destination "
+                         "folder.")
+
+
 def convert(
     src,
     dst,
@@ -44,6 +61,7 @@ def convert(
 
     meta_target = _meta_target(target) if target else None
     folder = resolve_folder(src)
+    check_destination(src, folder, dst, force)
     layout = detect_layout(read_config_dict(folder), tensor_shapes(folder), str(src))
     L = meta_target.config.get_text_config().num_hidden_layers if meta_target is not None else None
     if aux_layer_ids is not None and L is not None:
