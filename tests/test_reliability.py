@@ -474,3 +474,28 @@ def test_convert_force_never_replaces_a_vcs_folder(tmp_path, capsys, run_with_dr
     assert cli.main(["convert", str(run_with_draft / "draft"), str(tmp_path / "new")]) == 0
     assert cli.main(["convert", str(run_with_draft / "draft"), str(tmp_path / "new"), "--force"]) == 0
     assert (tmp_path / "new" / "config.json").is_file()
+
+
+# ---------------------------------------------------------------------------------------------- demo start-up
+
+
+@pytest.mark.parametrize("flags, says", [
+    (("--target", "MISSING", "--draft", "REFERENCE"), "Could not load the target"),
+    (("--device", "cuda"), "device 'cuda' is not available"),
+])
+def test_demo_does_not_serve_when_its_pair_does_not_load(tmp_path, capsys, monkeypatch, flags, says):
+    """The defect: `demo` with a target that does not load logged an error and served a page anyway."""
+    if "cuda" in flags and torch.cuda.is_available():
+        pytest.skip("a CUDA device is there")
+    import eagle3_hub.demo
+
+    def served(*a, **k):
+        raise AssertionError("the demo started serving")
+
+    monkeypatch.setattr(eagle3_hub.demo, "build_app", served)
+    from eagle3_hub.targets import reference_draft
+
+    names = {"MISSING": str(tmp_path / "no-such-target"), "REFERENCE": str(reference_draft())}
+    flags = tuple(names.get(f, f) for f in flags)
+    code, err = _cli(capsys, "demo", *flags)
+    assert code == 2 and says in err, err

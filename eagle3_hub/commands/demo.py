@@ -19,7 +19,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--device", default=None, help="override the default pair's device (auto, cpu, cuda, cuda:1, mps)")
     parser.add_argument("--max-new-tokens-limit", type=int, default=Limits.max_new_tokens, help="largest max-new-tokens a request may ask for")
     parser.add_argument("--queue-size", type=int, default=16, help="requests that may wait in the queue")
-    parser.add_argument("--no-preload", action="store_true", help="load the models on the first request, not at start")
+    parser.add_argument("--no-preload", action="store_true", help="load the models on the first request, not at start (a pair that does not load is then shown on the page; at start it stops the demo)")
     parser.add_argument("--host", default=None, help="server address (default 127.0.0.1; 0.0.0.0 to listen on all)")
     parser.add_argument("--port", type=int, default=None, help="server port (default 7860 or the next free one)")
     parser.add_argument("--share", action="store_true", help="create a public gradio.live link")
@@ -59,12 +59,9 @@ def run(args) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # gradio's own start-up requests
     logger = logging.getLogger("eagle3_hub.demo")
     cache = make_cache(args)  # a bad pairs file or --pair: DemoError (a ValueError), one line from the CLI
-    if not args.no_preload:
-        try:
-            cache.get(cache.default)
-            logger.info("loaded %s", cache.pairs[cache.default].title)
-        except ValueError as e:  # the page shows it; the app still starts
-            logger.error("%s", e)
+    if not args.no_preload:  # a default pair that does not load stops the demo here (one line, exit 2)
+        cache.get(cache.default)
+        logger.info("loaded %s", cache.pairs[cache.default].title)
     app = build_app(cache, Limits(max_new_tokens=args.max_new_tokens_limit), queue_size=args.queue_size)
     app.launch(server_name=args.host, server_port=args.port, share=args.share, css=CSS, show_error=False)
     return 0
