@@ -499,3 +499,23 @@ def test_demo_does_not_serve_when_its_pair_does_not_load(tmp_path, capsys, monke
     flags = tuple(names.get(f, f) for f in flags)
     code, err = _cli(capsys, "demo", *flags)
     assert code == 2 and says in err, err
+
+
+# ---------------------------------------------------------------------------------------------- bench batch labels
+
+
+def test_bench_refuses_a_batch_size_larger_than_a_suite(tmp_path):
+    """The defect: `bench --num-questions 1 --batch-size 1,2` labelled a batch of one prompt "batch 2"."""
+    from test_bench import make_tokenizer, write_questions
+    from tiny_models import make_tiny_target
+
+    from eagle3_hub.benchmark import suites
+    from eagle3_hub.benchmark.bench import run_benchmark
+
+    target, tok = make_tiny_target("llama"), make_tokenizer()
+    one = suites.load_suite(str(write_questions(tmp_path / "mt_bench" / "question.jsonl", n=1, turns=1)))
+    with pytest.raises(ValueError, match=r"batch size 2 is larger than suite mt_bench's 1 question\(s\)"):
+        run_benchmark(target, tok, one, methods=["plain"], max_new_tokens=4, progress=False, warmup=0,
+                      batch_sizes=[1, 2])
+    res = run_benchmark(target, tok, one, methods=["plain"], max_new_tokens=4, progress=False, warmup=0, batch_sizes=[1])
+    assert {r["batch"] for r in res["records"]} == {1}

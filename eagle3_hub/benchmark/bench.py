@@ -517,6 +517,11 @@ def run_benchmark(
     if not batch_sizes or batch_sizes[0] < 1:
         raise ValueError(f"batch sizes must be at least 1, got {list(batch_sizes)}")
     pad_id = generation_config_for(target, Mode(), 1, tokenizer).pad_token_id
+    for suite in suites:  # a batch of size b must hold b prompts at least once, or its rows say a batch it never ran
+        if len(suite.questions) < batch_sizes[-1]:
+            raise ValueError(f"batch size {batch_sizes[-1]} is larger than suite {suite.name}'s {len(suite.questions)} "
+                             "question(s): every batch would hold fewer prompts than its label says. Lower --batch-size "
+                             "or raise --num-questions.")
     plan = []  # (mode, batch size, methods, groups of questions)
     for mode in modes:
         for size in batch_sizes:
