@@ -320,6 +320,7 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
             model._check_loading_info(info)
             if output_loading_info:
                 return model, info
+        check_finite_weights(model[0] if isinstance(model, tuple) else model, pretrained_model_name_or_path)
         if target is not None:
             (model[0] if isinstance(model, tuple) else model).bind(target)
         return model
@@ -455,6 +456,17 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         self._target_ref = weakref.ref(target)
         self._register_feature_hooks(target)
         return self
+
+
+def check_finite_weights(model: nn.Module, where) -> None:
+    """Refuse a draft with NaN or Inf in its weights, naming the tensors: such a draft proposes nothing sensible
+    and fails far from its cause (tree decoding's probability checks, say)."""
+    bad = [name for name, t in model.state_dict().items()
+           if t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())]
+    if bad:
+        shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
+        raise ValueError(f"The draft {where} has non-finite weights (NaN or Inf) in {shown}: it cannot draft. Load "
+                         "another checkpoint of it, or train it again (a diverged run writes such weights).")
 
 
 # What eagle3_hub.formats adds when the package is imported: loading the foreign layouts ("load"), checks and

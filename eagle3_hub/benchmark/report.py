@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from ..atomic import atomic_path, atomic_write_text
+from ..extras import missing_extra
 from .machine import describe_machine
 
 METHOD_ORDER = ("plain", "same_forward", "lookup", "assistant", "assisted", "tree", "oracle")
@@ -144,7 +145,10 @@ def markdown_report(results: dict) -> str:
 
 def plot_chart(results: dict, path: str | Path) -> Path:
     """Left: speed-up per suite and method. Right: acceptance rate by draft position."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ModuleNotFoundError as e:
+        raise missing_extra("bench", e) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

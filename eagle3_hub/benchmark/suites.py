@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..atomic import atomic_write_text
+from ..extras import missing_extra
 
 QUESTIONS_PER_SUITE = 80  # EAGLE and Spec-Bench use 80 questions per category
 
@@ -189,7 +190,10 @@ def _download_standard(name: str, endpoint: str | None, cache_dir: str | None) -
         suite = read_question_file(path, name=name)
         suite.source = f"hf://datasets/{src.repo}/{src.file}"
         return suite
-    from datasets import load_dataset
+    try:
+        from datasets import load_dataset
+    except ModuleNotFoundError as e:
+        raise missing_extra("bench", e) from None
 
     rows = load_dataset(src.repo, src.config, split=f"{src.split}[:{QUESTIONS_PER_SUITE}]", cache_dir=cache_dir)
     questions = []
