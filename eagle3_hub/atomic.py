@@ -71,9 +71,18 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     old = None
-    if path.exists():
-        old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old-"))
-        os.replace(path, old / path.name)
-    os.replace(tmp, path)
+    try:
+        if path.exists():
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.old-"))
+            os.replace(path, old / path.name)
+        os.replace(tmp, path)
+    except BaseException:  # the swap failed: the old folder back in place, no temporary folder left
+        if old is not None and (old / path.name).exists() and not path.exists():
+            os.replace(old / path.name, path)
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None:
+            with contextlib.suppress(OSError):
+                old.rmdir()  # empty once the old folder is back
+        raise
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)

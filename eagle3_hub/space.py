@@ -233,8 +233,7 @@ def export_space(dest: str | Path, pairs: str | Path | None = None, wheel: str |
         before = (dest / MANIFEST).read_bytes() if (dest / MANIFEST).is_file() else None
         try:
             _write_manifest(dest, during)
-            _swap_in(dest, new, staging / "old", names, stale)
-            _write_manifest(dest, written)
+            _swap_in(dest, new, staging / "old", names, stale, finish=lambda: _write_manifest(dest, written))
         except BaseException:
             if before is None:
                 (dest / MANIFEST).unlink(missing_ok=True)
@@ -255,9 +254,9 @@ def _write_manifest(dest: Path, files: dict) -> None:
                                                   indent=2, sort_keys=True) + "\n")
 
 
-def _swap_in(dest: Path, new: Path, old: Path, names: list[str], stale: list[str]) -> None:
+def _swap_in(dest: Path, new: Path, old: Path, names: list[str], stale: list[str], finish) -> None:
     """Move ``names`` from ``new`` into ``dest`` and ``stale`` out of it, the files they replace first moved to
-    ``old``; an exception on the way moves everything back, so ``dest`` is as it was."""
+    ``old``, then call ``finish``; an exception on the way moves everything back, so ``dest`` is as it was."""
     old.mkdir()
     done: list[tuple[str, bool]] = []  # (name, whether an older file was moved aside)
     try:
@@ -270,6 +269,7 @@ def _swap_in(dest: Path, new: Path, old: Path, names: list[str], stale: list[str
                 os.replace(dest / name, old / name)
             done.append((name, aside))
             os.replace(new / name, dest / name)
+        finish()
     except BaseException:
         for name, aside in reversed(done):
             if name not in stale and (dest / name).exists() and not (new / name).exists():
