@@ -18,8 +18,9 @@ candidates); that forward's features are kept (one block) and consumed by the ne
 
 Threads: what a call arms and captures, and its counts, belong to the thread that runs it (hooks run in the
 thread of the forward that calls them), so one bound draft serves several threads at once: assisted calls,
-tree decoding and plain forwards of the target. The hooks stay on the target while the draft is bound; in a
-thread with no assisted call in progress they return at once.
+tree decoding and plain forwards of the target. In a thread with no assisted call in progress the hooks return
+at once; a pause of the hooks (``unbind(keep_target=True)``, as tree decoding does) leaves them in place while
+another thread's call may still read them.
 
 Draft KV cache: entries at positions < ``valid_length`` were computed from target features; entries after
 that came from the draft's own hidden states and are dropped each round, then the positions the target
@@ -90,6 +91,7 @@ class _Binding:
         self.num_slots = len(modules)
         self.first_slot = first_slot  # the slot whose module runs first in a forward
         self.handles = handles
+        self.live: weakref.WeakSet = weakref.WeakSet()  # sessions of assisted calls that may still read the hooks
 
     def hooks(self, modules: list[torch.nn.Module]) -> bool:
         return len(modules) == self.num_slots and all(r() is m for r, m in zip(self.modules, modules))
@@ -191,7 +193,7 @@ class _CallState(threading.local):
 
 # draft -> its per-thread call state; kept outside the module so that a copy of a draft (deepcopy) starts clean
 _CALL_STATES: "weakref.WeakKeyDictionary[torch.nn.Module, _CallState]" = weakref.WeakKeyDictionary()
-_LOCK = threading.Lock()  # making a draft's call state; binding an unbound draft on its first call
+_LOCK = threading.RLock()  # call states, hooks added or removed, a call starting: one at a time
 
 
 def _call_state(draft) -> _CallState:
@@ -227,14 +229,20 @@ class Eagle3AssistantMixin:
     def _register_feature_hooks(self, target):
         layer_ids = self.config.aux_layer_ids
         modules = feature_modules(target, layer_ids)
-        if self._binding is not None and self._binding.hooks(modules):
-            return  # already hooked there: the hooks other threads' calls rely on stay in place
-        self.unbind(keep_target=True, remove_hooks=True)
-        draft_ref = weakref.ref(self)
-        handles = []
-        for slot, module in enumerate(modules):
-            handles.append(module.register_forward_hook(_make_feature_hook(draft_ref, slot), with_kwargs=True))
-        self._binding = _Binding(modules, first_slot=layer_ids.index(min(layer_ids)), handles=handles)
+        with _LOCK:
+            if self._binding is not None and self._binding.hooks(modules):
+                return  # already hooked there: the hooks other threads' calls rely on stay in place
+            self._remove_hooks()
+            draft_ref = weakref.ref(self)
+            handles = []
+            for slot, module in enumerate(modules):
+                handles.append(module.register_forward_hook(_make_feature_hook(draft_ref, slot), with_kwargs=True))
+            self._binding = _Binding(modules, first_slot=layer_ids.index(min(layer_ids)), handles=handles)
+
+    def _remove_hooks(self):
+        for h in self._hook_handles or []:
+            h.remove()
+        self._binding = None
 
     def _on_target_feature(self, slot: int, module, output, kwargs):
         binding = self._binding
@@ -281,21 +289,21 @@ class Eagle3AssistantMixin:
                 session.record_outcome(first_position + 1)
         session.closed = True
 
-    def unbind(self, keep_target: bool = False, remove_hooks: bool | None = None):
-        """Remove the feature hooks from the target and forget it. ``keep_target``: keep both, dropping only
-        this thread's captured features (the hooks cost a look-up in a thread with no assisted call, and another
-        thread's call may need them); ``remove_hooks=True`` removes them all the same."""
-        state = _CALL_STATES.get(self)
-        if state is not None:
-            state.capture = state.session = None
-        if remove_hooks is None:
-            remove_hooks = not keep_target
-        if remove_hooks:
-            for h in self._hook_handles or []:
-                h.remove()
-            self._binding = None
-        if not keep_target:
-            self._target_ref = None
+    def unbind(self, keep_target: bool = False):
+        """Remove the feature hooks from the target and forget it. ``keep_target``: keep the target (tree decoding,
+        which reads hidden states itself, pauses the hooks so); the hooks then stay while an assisted call of another
+        thread may still read them, and the next assisted call puts them back."""
+        with _LOCK:
+            state = _CALL_STATES.get(self)
+            mine = state.session if state is not None else None
+            if state is not None:
+                state.capture = state.session = None
+            binding = self._binding
+            in_use = binding is not None and any(s is not mine and not s.closed for s in list(binding.live))
+            if not (keep_target and in_use):
+                self._remove_hooks()
+            if not keep_target:
+                self._target_ref = None
         return self
 
     @property
@@ -348,6 +356,8 @@ class Eagle3AssistantMixin:
                 target = self.target
                 if target is not caller:
                     raise RuntimeError(BOUND_ELSEWHERE)
+        if target is not None and self._binding is None:  # bound, its hooks paused or removed: back on
+            self._register_feature_hooks(target)
         if target is None or self._binding is None:
             raise RuntimeError(
                 "This draft is not bound to a target, and the caller is not transformers' assisted generation, so the "
@@ -391,8 +401,12 @@ class Eagle3AssistantMixin:
         """First round of a call: the target has not run yet. Propose the last token with one-hot scores."""
         L = input_ids.shape[1]
         session = _AssistSession(generation_config, prompt_length=L)
-        state.session = session
-        state.capture = _FeatureCapture(self._binding)
+        with _LOCK:  # the hooks are not removed from under a call that has started
+            if self._binding is None:
+                self._register_feature_hooks(self.target)
+            self._binding.live.add(session)
+            state.session = session
+            state.capture = _FeatureCapture(self._binding)
         token = input_ids[:, -1:]
         scores = torch.full((1, self.config.vocab_size), float("-inf"), device=input_ids.device)
         scores[0, token[0, 0]] = 0.0

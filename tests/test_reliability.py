@@ -540,3 +540,39 @@ def test_a_draft_with_non_finite_weights_is_named_when_loaded(tmp_path, capsys):
         Eagle3DraftModel.from_pretrained(tmp_path / "draft")
     code, err = _cli(capsys, "convert", str(tmp_path / "draft"), str(tmp_path / "out"))
     assert code == 2 and "non-finite weights" in err and not (tmp_path / "out").exists()
+
+
+def test_a_pause_of_the_hooks_leaves_them_to_another_threads_call():
+    """Tree decoding pauses the feature hooks (`unbind(keep_target=True)`); from another thread that pause must not
+    take them from an assisted call under way, and the next assisted call puts paused hooks back."""
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    target, draft = _tiny_pair(seed=2)
+    ids = _prompts(1, seed=9)[0]
+    plain = target.generate(ids, do_sample=False, max_new_tokens=16, eos_token_id=None, pad_token_id=0)
+
+    def hooks():
+        return sum(len(m._forward_hooks) for m in target.modules())
+
+    seen = []
+
+    class PauseFromAnotherThread(StoppingCriteria):  # runs between two rounds of the assisted call
+        def __call__(self, input_ids, scores, **kwargs):
+            if not seen:
+                other = threading.Thread(target=lambda: draft.unbind(keep_target=True))
+                other.start()
+                other.join()
+                seen.append(hooks())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    draft.bind(target)
+    draft.unbind(keep_target=True)  # as `load_draft(..., bind=True)` leaves a draft: bound, no hooks
+    assert hooks() == 0 and draft.target is target
+    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=16, eos_token_id=None,
+                          pad_token_id=0, stopping_criteria=StoppingCriteriaList([PauseFromAnotherThread()]))
+    assert seen == [3]  # the hooks came back for the call, and stayed through the other thread's pause
+    assert torch.equal(out, plain)
+    draft.unbind(keep_target=True)
+    assert hooks() == 0  # no call needs them now
+    draft.unbind()
+    assert draft.target is None
