@@ -576,3 +576,38 @@ def test_a_pause_of_the_hooks_leaves_them_to_another_threads_call():
     assert hooks() == 0  # no call needs them now
     draft.unbind()
     assert draft.target is None
+
+
+# ---------------------------------------------------------------------------------------------- train output_dir
+
+
+@pytest.mark.parametrize("case, says", [
+    ("work_dir", "holds the work_dir"),
+    ("cwd", "holds the work_dir"),
+    ("notes", "holds files that are not a saved draft (notes.txt)"),
+    ("git", "holds files that are not a saved draft (.git, config.json)"),
+])
+def test_training_never_replaces_a_folder_that_is_not_a_draft(tmp_path, capsys, monkeypatch, case, says):
+    """The trained draft replaces output_dir whole at the end of a run: `output_dir` equal to the work_dir (or a
+    folder holding it) deleted the run's checkpoints and data, and any folder's own files went with it."""
+    monkeypatch.chdir(tmp_path)
+    out = {"work_dir": "w", "cwd": ".", "notes": "mine", "git": "repo"}[case]
+    if case == "notes":
+        (tmp_path / "mine").mkdir()
+        (tmp_path / "mine" / "notes.txt").write_text("x")
+    if case == "git":
+        (tmp_path / "repo" / ".git").mkdir(parents=True)
+        (tmp_path / "repo" / "config.json").write_text("{}")
+    before = snapshot(tmp_path)
+    code, err = _train_cli(tmp_path, capsys, f"output_dir: {out}\n")
+    assert code == 2 and says in err, err
+    assert {k: v for k, v in snapshot(tmp_path).items() if k != "r.yaml"} == before
+
+
+def test_training_may_replace_an_earlier_draft(tmp_path):
+    from eagle3_hub.training.recipe import load_recipe
+
+    _, draft = _tiny_pair()
+    draft.save_pretrained(tmp_path / "draft")
+    load_recipe(None, {"work_dir": str(tmp_path / "w"), "output_dir": str(tmp_path / "draft")})
+    load_recipe(None, {"work_dir": str(tmp_path / "w"), "output_dir": str(tmp_path / "new")})

@@ -314,7 +314,33 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -
         check_values(overrides, "", flags=True)
     if recipe["output_dir"] is None:
         recipe["output_dir"] = str(Path(recipe["work_dir"]) / "draft")
+    check_output_dir(recipe, f"{path}: " if path is not None else "")
     return recipe
+
+
+VCS_DIRS = (".git", ".hg", ".svn")
+SAVED_MODEL_FILES = {"config.json", "adapter_config.json"}  # a folder holding one is a saved draft (or LoRA adapter)
+
+
+def check_output_dir(recipe: dict, where: str = "") -> None:
+    """The trained draft replaces ``output_dir`` whole at the end of a run, so it must be new, empty or a saved
+    draft; never a folder that holds the run's ``work_dir`` or a version-control folder. Checked when the recipe
+    is read, before anything is trained."""
+    given, out, work = recipe["output_dir"], Path(recipe["output_dir"]).resolve(), Path(recipe["work_dir"]).resolve()
+    if out == work or out in work.parents:
+        raise ValueError(f"{where}output_dir {given} holds the work_dir {recipe['work_dir']}: the draft replaces "
+                         "output_dir whole at the end, with the run's checkpoints and data in it. Give output_dir a "
+                         "folder of its own (default: <work_dir>/draft).")
+    if any(part in VCS_DIRS for part in out.parts):
+        raise ValueError(f"{where}output_dir {given} is inside a version-control folder: give another folder.")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"{where}output_dir {given} is a file: give a folder for the draft.")
+    names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if names and (set(names) & set(VCS_DIRS) or not set(names) & SAVED_MODEL_FILES):
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+        raise ValueError(f"{where}output_dir {given} holds files that are not a saved draft ({shown}): the trained "
+                         "draft replaces that folder whole. Give a new or empty folder, or the folder of a draft to "
+                         "replace.")
 
 
 def stage_from_changes(before: dict, changes: dict, i: int, first_work_dir: str) -> dict:
@@ -368,6 +394,7 @@ def load_stages(recipe: dict, overrides: dict | None = None) -> list[dict]:
             stage = load_recipe(path, later)
         if stage["stages"]:
             raise ValueError(f"stage {i} recipe {path} lists stages of its own: list every stage in the first recipe")
+        check_output_dir(stage, f"stage {i}: ")
         before, init = chain[-1]["output_dir"], stage["draft"]["init_from"]
         if init is None or Path(init).resolve() != Path(before).resolve():
             raise ValueError(f"stage {i} recipe {path} must continue the draft of stage {i - 1}: its draft.init_from "
