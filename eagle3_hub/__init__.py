@@ -1,27 +1,43 @@
-"""eagle3-hub: EAGLE-3 speculative decoding for the Hugging Face stack."""
+"""eagle3-hub: EAGLE-3 speculative decoding for the Hugging Face stack.
 
-from transformers import AutoConfig, AutoModel
+The names below load on first use, so that ``import eagle3_hub.cli`` (``eagle3-hub --help``) imports neither torch
+nor transformers. The first of them wires the draft model into transformers (``formats.wire``: AutoConfig /
+AutoModel know ``eagle3_draft``, and ``Eagle3DraftModel`` loads and saves every published layout).
+"""
 
-from . import formats  # noqa: F401  (registers the published layouts' load and save hooks with the model)
-from .configuration_eagle3 import Eagle3Config, default_aux_layer_ids
-from .generation.tree import TreeConfig, TreeDecodingOutput, TreeDecodingStats, generate, tree_generate
-from .modeling_eagle3 import Eagle3DraftModel, Eagle3DraftOutput
-from .targets import load_target, reference_draft
+from __future__ import annotations
 
-AutoConfig.register(Eagle3Config.model_type, Eagle3Config, exist_ok=True)
-AutoModel.register(Eagle3Config, Eagle3DraftModel, exist_ok=True)
+import importlib
 
 __version__ = "0.1.0"
-__all__ = [
-    "Eagle3Config",
-    "Eagle3DraftModel",
-    "Eagle3DraftOutput",
-    "TreeConfig",
-    "TreeDecodingOutput",
-    "TreeDecodingStats",
-    "default_aux_layer_ids",
-    "generate",
-    "load_target",
-    "reference_draft",
-    "tree_generate",
-]
+
+# public name -> the module that defines it
+_NAMES = {
+    "Eagle3Config": ".configuration_eagle3",
+    "default_aux_layer_ids": ".configuration_eagle3",
+    "Eagle3DraftModel": ".modeling_eagle3",
+    "Eagle3DraftOutput": ".modeling_eagle3",
+    "TreeConfig": ".generation.tree",
+    "TreeDecodingOutput": ".generation.tree",
+    "TreeDecodingStats": ".generation.tree",
+    "generate": ".generation.tree",
+    "tree_generate": ".generation.tree",
+    "load_target": ".targets",
+    "reference_draft": ".targets",
+}
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name not in _NAMES:
+        raise AttributeError(f"module 'eagle3_hub' has no attribute {name!r}")
+    from .formats import wire
+
+    wire()
+    value = getattr(importlib.import_module(_NAMES[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_NAMES})

@@ -59,7 +59,10 @@ def command_parser(name: str):
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Errors that mean bad input (a value, a path, a file that does not parse), not a bug: one line, exit 2."""
-    errors: list[type[BaseException]] = [ValueError, OSError]  # FileNotFoundError, json's JSONDecodeError included
+    from .extras import MissingExtra
+
+    # FileNotFoundError, json's JSONDecodeError included; a missing extra says what to install
+    errors: list[type[BaseException]] = [ValueError, OSError, MissingExtra]
     try:
         import yaml
 

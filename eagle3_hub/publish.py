@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from .card import write_model_card
+from .extras import missing_extra
 from .hub import HubPushError, push_draft
 from .training.card_info import training_info_from_metrics
 
@@ -54,7 +55,10 @@ def after_training(recipe: dict, output_dir) -> None:
     """What ``eagle3-hub train`` does after each stage, on the main process: the card (not for a LoRA adapter), then
     the upload when the recipe names ``push_to_hub``. A failed upload raises ``HubPushError`` naming the saved folder
     and the repo, so the command can say how to retry."""
-    from accelerate import PartialState
+    try:
+        from accelerate import PartialState
+    except ModuleNotFoundError as e:
+        raise missing_extra("train", e) from None
 
     if not PartialState().is_main_process:
         return

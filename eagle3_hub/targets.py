@@ -16,6 +16,7 @@ import torch
 from .atomic import atomic_dir
 from .configuration_eagle3 import Eagle3Config, default_aux_layer_ids
 from .devices import cpu_has_bf16_units, default_dtype, resolve_dtype  # noqa: F401  (re-exported: one place each)
+from .extras import missing_extra
 
 EMBEDDED_TARGET = "smollm2-135m-instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -260,7 +261,10 @@ def load_target(
     dtype = resolve_dtype(dtype, device or "cpu")
     path, _ = resolve_target(name, gguf_file)
     if adapter is None and Path(path, "adapter_config.json").exists():
-        from peft import PeftConfig
+        try:
+            from peft import PeftConfig
+        except ModuleNotFoundError as e:
+            raise missing_extra("train", e) from None
 
         adapter, path = path, PeftConfig.from_pretrained(path).base_model_name_or_path
     safe = {}
@@ -275,7 +279,7 @@ def load_target(
     except OSError as e:  # transformers' message does not always name what it tried to load
         raise OSError(f"Could not load the target {name or EMBEDDED_TARGET!r}: {e}") from e
     if adapter is not None:
-        from peft import PeftModel
+        from peft import PeftModel  # present: PeftConfig above needed it
 
         model = PeftModel.from_pretrained(model, adapter).merge_and_unload()  # local .bin adapters refused above
     if device is not None:

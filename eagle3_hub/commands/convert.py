@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..formats import EXPORTS, convert
+# formats.EXPORTS, spelt out so that `eagle3-hub convert --help` imports no torch (tests/test_structure.py checks them)
+EXPORTS = ("ours", "vllm", "sglang")
 
 
 def _int_list(text: str) -> list[int]:
@@ -35,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 
 def run(args) -> int:
+    from ..formats import convert
+
     if args.num_speculative_tokens < 1:
         raise ValueError(f"--num-speculative-tokens must be at least 1, got {args.num_speculative_tokens}")
     out = convert(

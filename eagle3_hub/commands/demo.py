@@ -7,7 +7,7 @@ import argparse
 import logging
 import sys
 
-from ..demo import Limits
+from ..demo.inputs import Limits
 
 
 def add_arguments(parser: argparse.ArgumentParser):

@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..targets import default_draft, reference_draft
 from .flags import check_temperature, check_top_k, check_top_p
 
 
@@ -27,7 +26,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument(
         "--draft",
         default=None,
-        help=f"EAGLE-3 draft: Hub id or folder (default with the embedded target: {reference_draft()})",
+        help="EAGLE-3 draft: Hub id or folder (default with the embedded target: its reference draft, shipped in "
+        "eagle3_hub/reference_draft/)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument(
@@ -101,9 +101,8 @@ def run(args: argparse.Namespace) -> int:
     from transformers import TextStreamer
 
     from ..devices import resolve_device_dtype
-    from ..generation.tree import generate
-    from ..modeling_eagle3 import Eagle3DraftModel
-    from ..targets import check_model_path, load_target
+    from ..generation.tree import generate, load_draft
+    from ..targets import check_model_path, default_draft, load_target
 
     check_model_path(args.target, "Target")
     check_model_path(args.draft, "Draft")
@@ -115,7 +114,7 @@ def run(args: argparse.Namespace) -> int:
     draft_path = args.draft or default_draft(args.target, "eagle3-hub generate")
     device, dtype = resolve_device_dtype(args.device, args.dtype)
     target, tokenizer = load_target(args.target, dtype=dtype, device=device)
-    draft = Eagle3DraftModel.from_pretrained(draft_path, dtype=dtype).to(device).eval()
+    draft = load_draft(draft_path, target, bind=True)
 
     if not args.no_chat_template and getattr(tokenizer, "chat_template", None):
         text = tokenizer.apply_chat_template(

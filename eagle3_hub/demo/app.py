@@ -9,6 +9,7 @@ import logging
 import torch
 
 from ..devices import resolve_device, resolve_dtype
+from ..extras import missing_extra
 from .inputs import DemoError, Limits, check_context, validate_request
 from .pairs import PairCache
 from .racing import PANE_TITLES as _TITLES
@@ -197,7 +198,10 @@ is what that method gets alone here, and the two texts grow at the methods' true
 
 def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16):
     """The Gradio Blocks app. One generation runs at a time (the models are shared); others wait in the queue."""
-    import gradio as gr
+    try:
+        import gradio as gr
+    except ModuleNotFoundError as e:
+        raise missing_extra("demo", e) from None
 
     def pair_status(name):
         kind, message = cache.status(name)

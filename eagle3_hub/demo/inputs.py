@@ -1,17 +1,24 @@
-"""The demo's request checks: what one request may ask for (``Limits``) and one clear message per bad value."""
+"""The demo's requests: what one may ask for (``Limits``), what it asked (``Settings``), and one clear message per
+bad value. No torch: ``eagle3-hub demo --help`` reads the limits."""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
-import torch
-
-from .racing import LoadedPair, Settings
-
 
 class DemoError(ValueError):
     """An error whose message is shown in the page as is (bad input, a model that cannot load, ...)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    max_new_tokens: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    depth: int = 5
+    tree_top_k: int = 8
+    total_tokens: int = 24
+
 
 @dataclass(frozen=True)
 class Limits:
@@ -24,7 +31,6 @@ class Limits:
     max_depth: int = 12
     max_tree_top_k: int = 16
     max_total_tokens: int = 128
-
 
 
 def _number(value, name: str, kind):
@@ -74,8 +80,9 @@ def validate_request(prompt, max_new_tokens, temperature, depth, tree_top_k, tot
     return prompt, settings
 
 
-def check_context(loaded: LoadedPair, *input_ids: torch.Tensor, settings: Settings, limits: Limits = Limits()):
-    """The prompt (with the conversation so far) plus the new tokens must fit the model and the demo."""
+def check_context(loaded, *input_ids, settings: Settings, limits: Limits = Limits()):
+    """The prompt (with the conversation so far) plus the new tokens must fit the model and the demo. ``loaded``: a
+    ``racing.LoadedPair``; ``input_ids``: its (1, n) token tensors."""
     budget = min(limits.max_context_tokens, loaded.context_length)
     longest = max(ids.shape[-1] for ids in input_ids)
     if longest + settings.max_new_tokens + settings.total_tokens > budget:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 from ..devices import resolve_device, resolve_dtype
 from ..targets import EMBEDDED_TARGET, reference_draft
-from .inputs import DemoError
-from .racing import PANE_TITLES, LoadedPair, Settings, race
+from .inputs import DemoError, Settings
+from .racing import PANE_TITLES, LoadedPair, race
 
 EMBEDDED_PAIR = EMBEDDED_TARGET
 

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .inputs import Settings
+
 logger = logging.getLogger(__name__)
 
 
@@ -41,15 +43,6 @@ class LoadedPair:
 
 
 PANE_TITLES = {"plain": "Plain decoding", "eagle": "EAGLE-3 tree decoding"}
-
-
-@dataclass(frozen=True)
-class Settings:
-    max_new_tokens: int = 128
-    temperature: float = 0.0  # 0 = greedy
-    depth: int = 5
-    tree_top_k: int = 8
-    total_tokens: int = 24
 
 
 class Stopped(Exception):

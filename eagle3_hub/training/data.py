@@ -22,9 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from datasets import Dataset, concatenate_datasets, load_dataset
-from datasets.fingerprint import Hasher
 from tqdm.auto import tqdm
+
+from ..extras import missing_extra
+
+try:
+    from datasets import Dataset, concatenate_datasets, load_dataset
+    from datasets.fingerprint import Hasher
+except ModuleNotFoundError as e:
+    raise missing_extra("train", e) from None
 
 from ..atomic import atomic_write_json
 from ..generation.tree import generate as tree_decode

@@ -16,10 +16,16 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import load_from_disk
 from safetensors import safe_open
 from safetensors.torch import save_file
 from tqdm.auto import tqdm
+
+from ..extras import missing_extra
+
+try:
+    from datasets import load_from_disk
+except ModuleNotFoundError as e:
+    raise missing_extra("train", e) from None
 
 from ..atomic import atomic_path, atomic_write_json
 from .ttt import TargetScores

@@ -17,11 +17,17 @@ import time
 from pathlib import Path
 
 import torch
-from accelerate import Accelerator
-from accelerate.utils import set_seed
-from datasets import Dataset, DatasetDict, load_from_disk
 from torch.utils.data import DataLoader
 from tqdm.auto import tqdm
+
+from ..extras import missing_extra
+
+try:
+    from accelerate import Accelerator
+    from accelerate.utils import set_seed
+    from datasets import Dataset, DatasetDict, load_from_disk
+except ModuleNotFoundError as e:
+    raise missing_extra("train", e) from None
 
 from .. import Eagle3DraftModel
 from ..atomic import atomic_dir, atomic_write_json
@@ -439,7 +445,10 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only
     draft = draft.float().to(accelerator.device)  # fp32 master weights; autocast does the rest
     draft.embed_tokens.weight.requires_grad_(False)
     if recipe["lora"]["enabled"]:
-        from peft import LoraConfig, get_peft_model
+        try:
+            from peft import LoraConfig, get_peft_model
+        except ModuleNotFoundError as e:
+            raise missing_extra("train", e) from None
 
         lc = recipe["lora"]
         draft.requires_grad_(False)

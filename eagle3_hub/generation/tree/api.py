@@ -337,7 +337,7 @@ _LOADED_DRAFTS: weakref.WeakKeyDictionary[Any, dict] = weakref.WeakKeyDictionary
 def _our_draft_class():
     """``Eagle3DraftModel`` when the eagle3_hub package is importable (a Hub copy of this file may run without it)."""
     try:
-        from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
+        from eagle3_hub import Eagle3DraftModel  # the package's name: wires the published layouts in too
     except ImportError:
         return None
     return Eagle3DraftModel
