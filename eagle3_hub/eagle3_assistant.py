@@ -192,7 +192,7 @@ class _CallState(threading.local):
 
 
 # draft -> its per-thread call state; kept outside the module so that a copy of a draft (deepcopy) starts clean
-_CALL_STATES: "weakref.WeakKeyDictionary[torch.nn.Module, _CallState]" = weakref.WeakKeyDictionary()
+_CALL_STATES: weakref.WeakKeyDictionary[torch.nn.Module, _CallState] = weakref.WeakKeyDictionary()
 _LOCK = threading.RLock()  # call states, hooks added or removed, a call starting: one at a time
 
 

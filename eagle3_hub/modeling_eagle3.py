@@ -381,7 +381,7 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         draft_vocab_size: int | None = None,
         intermediate_size: int | None = None,
         **config_overrides,
-    ) -> "Eagle3DraftModel":
+    ) -> Eagle3DraftModel:
         """An untrained draft sized to ``target`` (any causal LM): its text config, its embedding."""
         try:
             from eagle3_hub.targets import draft_config_from_target

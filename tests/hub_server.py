@@ -334,7 +334,7 @@ class FakeHub:
     def repo(self, repo_id: str, repo_type: str = "model") -> Repo | None:
         return self.state.repos.get((repo_type, repo_id))
 
-    def __enter__(self) -> "FakeHub":
+    def __enter__(self) -> FakeHub:
         self._thread.start()
         return self
 

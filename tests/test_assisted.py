@@ -15,11 +15,11 @@ import weakref
 import pytest
 import torch
 import torch.nn.functional as F
+from tiny_models import ARCHITECTURES, make_tiny_target
 from transformers import AutoModel, GenerationConfig, StoppingCriteria, StoppingCriteriaList, TextIteratorStreamer
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from eagle3_hub import Eagle3DraftModel
-from tiny_models import ARCHITECTURES, make_tiny_target
 
 VOCAB = 256
 

@@ -11,12 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from tiny_models import make_tiny_target
 
 from eagle3_hub.benchmark import bench, machine, report, suites
-from eagle3_hub.commands import bench as bench_command
 from eagle3_hub.benchmark.bench import Mode, TurnRecord, run_benchmark
+from eagle3_hub.commands import bench as bench_command
 from eagle3_hub.targets import default_dtype, reference_draft
 
 SPECIALS = ["<pad>", "<s>", "</s>", "<unk>", "<|user|>", "<|assistant|>"]
@@ -138,8 +137,8 @@ def test_hub_source_converters_build_questions():
 def test_suite_from_a_hub_dataset_repo(tmp_path, monkeypatch):
     """`--suite owner/name` reads the .jsonl question files of a Hub dataset (served by the local fake Hub)."""
     import huggingface_hub.constants
-    from huggingface_hub import HfApi
     from hub_server import FakeHub
+    from huggingface_hub import HfApi
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)  # the fake Hub is local

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from hub_server import FakeHub
 from test_bench import make_tokenizer, write_questions
 from tiny_models import make_tiny_target
@@ -153,9 +152,9 @@ def test_card_for_a_hub_target_and_rewrite_with_repo_id(tmp_path):
 def test_card_for_a_named_target_names_its_origin_and_terms(tmp_path):
     """A draft for --target gemma-3-270m: base_model is the target's Hub origin and the license its terms, as the
     package states them (a draft trained on its outputs carries them), without loading the target or the Hub."""
-    from huggingface_hub import ModelCard
-
     import importlib.util
+
+    from huggingface_hub import ModelCard
 
     from eagle3_hub.targets import NAMED_TARGETS
 

@@ -186,11 +186,10 @@ def test_targets_and_assistants_stored_as_pickles_are_refused(tmp_path, capsys):
 def test_allow_pickle_is_the_callers_word(tmp_path):
     """With ``allow_pickle=True`` a .bin target loads (through transformers' weights-only loader)."""
     import torch
-
+    from test_bench import make_tokenizer
     from tiny_models import make_tiny_target
 
     from eagle3_hub.targets import load_target
-    from test_bench import make_tokenizer
 
     model = make_tiny_target("llama")
     folder = tmp_path / "model"

@@ -19,8 +19,9 @@ for _engine in ("vllm", "sglang"):
         pytest.skip(f"{_engine} is not installed (the engines' own loaders run in a separate venv: {SETUP})",
                     allow_module_level=True)
 
-from eagle3_hub import Eagle3DraftModel, formats  # noqa: E402
 from tiny_models import make_tiny_target  # noqa: E402
+
+from eagle3_hub import Eagle3DraftModel, formats  # noqa: E402
 
 AUX = [0, 1, 2]
 DRAFTS = {  # name -> Eagle3DraftModel.from_target options
@@ -59,9 +60,9 @@ CASES = [(name, to) for name in DRAFTS for to in ("vllm", "sglang")]
 def test_vllm_parses_the_config(folders, name, to):
     """vllm.transformers_utils.config.get_config (speculators detection for --to vllm, AutoConfig otherwise) and the
     EAGLE-3 wrapping of vllm.transformers_utils.configs.eagle.EAGLEConfig, without remote code."""
+    from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
     from vllm.transformers_utils.config import get_config
     from vllm.transformers_utils.configs.eagle import EAGLEConfig
-    from vllm.model_executor.models.registry import _SPECULATIVE_DECODING_MODELS
 
     config = get_config(str(folders[name, to]), trust_remote_code=False)
     assert type(config).__name__ == ("SpeculatorsConfig" if to == "vllm" else "LlamaConfig")

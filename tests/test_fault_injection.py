@@ -23,7 +23,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_reliability import fake_wheel, snapshot
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork"), reason="the kill runs in a forked child")
@@ -239,8 +238,9 @@ def test_convert_force_survives_a_fault_at_every_step(convert_case, monkeypatch)
 
 
 def test_moving_an_older_run_aside_loses_nothing_at_any_step(tmp_path, monkeypatch):
-    from eagle3_hub.training.checkpoints import move_aside
     from test_reliability import _old_run
+
+    from eagle3_hub.training.checkpoints import move_aside
 
     work = tmp_path / "work"
     _old_run(work, "old")
@@ -273,8 +273,9 @@ def test_moving_an_older_run_aside_loses_nothing_at_any_step(tmp_path, monkeypat
 
 
 def test_the_model_card_survives_a_fault_at_every_step(tmp_path, monkeypatch):
-    from eagle3_hub.card import write_model_card
     from test_reliability import _tiny_pair
+
+    from eagle3_hub.card import write_model_card
 
     _, draft = _tiny_pair()
     folder = tmp_path / "draft"
@@ -314,9 +315,9 @@ def test_a_push_that_fails_at_any_local_step_keeps_the_folder(tmp_path, monkeypa
     files) leaves the folder's files, the card old or new."""
     import huggingface_hub.constants
     from hub_server import FakeHub
+    from test_reliability import _tiny_pair
 
     from eagle3_hub.hub import HubPushError, push_draft
-    from test_reliability import _tiny_pair
 
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))

@@ -15,14 +15,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_spec import sglang_aux_layer_inputs, sglang_problems, vllm_aux_layer_inputs, vllm_problems
 from safetensors.torch import load_file, save_file
+from tiny_models import make_tiny_target
 from transformers import AutoModel
 
-from eagle3_hub import Eagle3DraftModel
-from eagle3_hub import formats
+from eagle3_hub import Eagle3DraftModel, formats
 from eagle3_hub.commands import convert as convert_command
-from engine_spec import sglang_aux_layer_inputs, sglang_problems, vllm_aux_layer_inputs, vllm_problems
-from tiny_models import make_tiny_target
 
 AUX = [0, 1, 2]  # 4-layer tiny targets: layer outputs 0..2 (engines cannot capture the last layer's output)
 

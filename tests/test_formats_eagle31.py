@@ -8,13 +8,12 @@ import json
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
-
-from eagle3_hub import Eagle3DraftModel, generate
-from eagle3_hub import formats
 from engine_spec import sglang_problems, vllm_problems
+from safetensors.torch import load_file, save_file
 from test_formats import AUX, convert_cli, inputs_for, randomized_draft, write_foreign
 from tiny_models import make_tiny_target
+
+from eagle3_hub import Eagle3DraftModel, formats, generate
 
 
 @torch.no_grad()

@@ -10,11 +10,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_spec import sglang_problems, vllm_problems
 from safetensors.torch import save_file
 
-from eagle3_hub import Eagle3DraftModel
-from eagle3_hub import formats
-from engine_spec import sglang_problems, vllm_problems
+from eagle3_hub import Eagle3DraftModel, formats
 
 FIXTURES = Path(__file__).parent / "fixtures" / "published_configs"
 # tiny sizes; every other key of the published config is kept

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
-
-from eagle3_hub import Eagle3DraftModel
 from engine_spec import sglang_problems, vllm_problems
+from safetensors.torch import load_file
 from test_formats import inputs_for, logits_of, randomized_draft
 from tiny_models import make_tiny_target
+
+from eagle3_hub import Eagle3DraftModel
 
 
 @pytest.fixture(scope="module")

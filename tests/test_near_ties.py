@@ -6,7 +6,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from test_bench import _suite, make_tokenizer
 from tiny_models import make_tiny_target
 

@@ -14,7 +14,6 @@ import torch
 from eagle3_hub.training import checkpoints
 from eagle3_hub.training.checkpoints import STATE_FILE, claim_work_dir, move_aside, run_id
 
-
 # ---------------------------------------------------------------------------------------------- train --overwrite
 
 

@@ -48,7 +48,11 @@ from eagle3_hub.training.data import (
 from eagle3_hub.training.features import OfflineFeatures, ShardReader, aux_features, sample_key
 from eagle3_hub.training.recipe import load_recipe, parse_overrides
 from eagle3_hub.training.train import (
-    LengthGroupedBatches, collate, held_out_split, resolve_mixed_precision, train,
+    LengthGroupedBatches,
+    collate,
+    held_out_split,
+    resolve_mixed_precision,
+    train,
 )
 from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss
 from eagle3_hub.training.vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts

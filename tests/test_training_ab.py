@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from training_helpers import recipe_for, write_recipe
 
 from eagle3_hub.training.ab import base_recipe, bench_commands, parse_arm, plan_runs, run_all, summarize, write_report
 from eagle3_hub.training.ab.__main__ import main as ab_main
 from eagle3_hub.training.train import train
-from training_helpers import recipe_for, write_recipe
 
 
 def test_arms_train_from_the_same_init_on_the_same_data_and_the_report_has_mean_and_spread(tmp_path, tiny_target_dir,

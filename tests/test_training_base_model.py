@@ -6,10 +6,10 @@ import json
 import shutil
 
 import pytest
+from training_helpers import recipe_for, write_jsonl
 
 from eagle3_hub.training.data import DataError
 from eagle3_hub.training.train import train
-from training_helpers import recipe_for, write_jsonl
 
 PLAIN = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'user' %}\n\n{% endif %}{% endfor %}"
 

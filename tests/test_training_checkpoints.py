@@ -14,11 +14,11 @@ import pytest
 import torch
 from accelerate import Accelerator
 from safetensors.torch import load_file
+from training_helpers import recipe_for, run_cli, write_recipe
 
 from eagle3_hub.training import checkpoints
 from eagle3_hub.training.checkpoints import STATE_FILE, latest_checkpoint, read_state, recover, run_id, run_identity
 from eagle3_hub.training.train import train
-from training_helpers import recipe_for, run_cli, write_recipe
 
 SHORT = {"max_steps": 6, "save_every": 3, "eval_every": 3, "keep_checkpoints": 2}
 

@@ -8,10 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from training_helpers import recipe_for, run_cli, write_recipe
 
 from eagle3_hub.training.recipe import load_recipe, parse_overrides
 from eagle3_hub.training.train import train
-from training_helpers import recipe_for, run_cli, write_recipe
 
 
 def one_error_line(err: str) -> str:

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from test_training import ttt_case
+from training_helpers import recipe_for, run_cli, write_recipe
 
 from eagle3_hub.training.losses import LOSSES, acceptance, parse_loss, position_loss
 from eagle3_hub.training.recipe import load_recipe
 from eagle3_hub.training.train import train
 from eagle3_hub.training.ttt import acceptance_metrics, ttt_loss
-from test_training import ttt_case
-from training_helpers import recipe_for, run_cli, write_recipe
 
 
 def test_acceptance_and_each_loss_on_a_hand_computed_example():

@@ -7,11 +7,11 @@ import json
 from pathlib import Path
 
 import pytest
+from training_helpers import recipe_for, run_cli, write_recipe
 
 from eagle3_hub.training.data import PRESETS
 from eagle3_hub.training.recipe import load_recipe, load_stages
 from eagle3_hub.training.train import check_recipe
-from training_helpers import recipe_for, run_cli, write_recipe
 
 ROOT = Path(__file__).parents[1]
 RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))

@@ -4,8 +4,8 @@ custom_generate entry points, errors. Tiny random targets in float32 (token equa
 from __future__ import annotations
 
 import itertools
-import math
 import json
+import math
 import os
 import subprocess
 import sys

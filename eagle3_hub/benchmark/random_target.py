@@ -32,10 +32,9 @@ import transformers
 from transformers import AutoModelForCausalLM, LlamaConfig
 from transformers.cache_utils import DynamicCache
 
-from ..atomic import atomic_write_json, atomic_write_text
-from ..generation.tree import attention_kernels
-from ..generation.tree import generate
 from .. import Eagle3DraftModel
+from ..atomic import atomic_write_json, atomic_write_text
+from ..generation.tree import attention_kernels, generate
 
 # Llama shapes by size (TinyLlama-1.1B for "1b"); "tiny" is for a CPU dry run of this script.
 SIZES = {

@@ -68,7 +68,6 @@ from .layouts import (
 from .saving import AUTO_MAP, CODE_FILES, engine_keys, finish_save, identity_vocabulary, prepare_save
 
 
-
 def wire() -> None:
     """Wire the draft model into transformers (at import, and again harmlessly): AutoConfig / AutoModel know
     ``eagle3_draft``, and ``Eagle3DraftModel.from_pretrained`` / ``save_pretrained`` call this package's hooks."""

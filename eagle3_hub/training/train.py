@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import random
-import sys
 import time
 from pathlib import Path
 
@@ -33,15 +32,24 @@ from .. import Eagle3DraftModel
 from ..atomic import atomic_dir, atomic_write_json
 from ..targets import check_aux_layer_ids, cpu_has_bf16_units, load_target, num_decoder_layers
 from .checkpoints import (
-    FINISHED, claim_work_dir, latest_checkpoint, move_aside, read_state, record_run, recover, run_id, run_identity,
+    FINISHED,
+    claim_work_dir,
+    latest_checkpoint,
+    move_aside,
+    read_state,
+    record_run,
+    recover,
+    run_id,
+    run_identity,
     save_checkpoint,
 )
 from .data import GENERATION_REPORT, DataError, build_conversations, regeneration_draft, tokenize_dataset
 from .features import OfflineFeatures, aux_features
-from .recipe import draft_config_overrides, load_recipe, load_stages, parse_overrides
 from .losses import parse_loss
+from .recipe import draft_config_overrides, load_recipe, load_stages
 from .ttt import acceptance_metrics, draft_token_ids, target_logit_positions, ttt_loss
 from .vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
+
 
 def collate(batch: list[dict], pad_id: int) -> dict:
     """Right-padded batch: input_ids, attention_mask, loss_mask (b, s), and the sample indices."""

@@ -74,7 +74,7 @@ class TargetScores:
     lse: torch.Tensor
 
     @classmethod
-    def from_logits(cls, logits: torch.Tensor, draft_ids: torch.Tensor, rows: torch.Tensor | None = None) -> "TargetScores":
+    def from_logits(cls, logits: torch.Tensor, draft_ids: torch.Tensor, rows: torch.Tensor | None = None) -> TargetScores:
         """From full logits (n..., V); the log-sum-exp only at ``rows`` (bool, the leading shape) when given."""
         lse = logits.new_zeros(logits.shape[:-1], dtype=torch.float32)
         if rows is None:
@@ -94,7 +94,7 @@ def ttt_loss(
     draft,
     aux_hidden_states: torch.Tensor,  # (b, s, 3*Ht) target features at the aux layers
     input_ids: torch.LongTensor,  # (b, s), right-padded
-    target_logits: "torch.Tensor | TargetScores",  # (b, s, V) logits or their TargetScores; read at target_logit_positions
+    target_logits: torch.Tensor | TargetScores,  # (b, s, V) logits or their TargetScores; read at target_logit_positions
     loss_mask: torch.Tensor,  # (b, s) 1 on assistant tokens (tokens to predict)
     attention_mask: torch.Tensor | None = None,  # (b, s) 1 on real tokens
     ttt_steps: int = 7,

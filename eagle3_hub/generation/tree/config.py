@@ -81,12 +81,12 @@ class TreeConfig:
     draft_graph: bool | None = None
     adaptive: bool | None = None
 
-    def replace(self, **overrides) -> "TreeConfig":
+    def replace(self, **overrides) -> TreeConfig:
         """A copy with the given fields set (``None`` values are ignored: they keep this config's)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
     def resolve(self, device: torch.device, dtype: torch.dtype, do_sample: bool, draft_vocab: int,
-                batch: int = 1) -> "TreeConfig":
+                batch: int = 1) -> TreeConfig:
         """Every field set (the defaults for the device, dtype, mode and batch size where ``None``) and checked: one
         clear ``ValueError`` per problem."""
         defaults = tree_defaults(device, dtype, do_sample, batch)

@@ -35,7 +35,7 @@ MIN_SLOT_POINTS = 4  # slot counts always measured (1, 2, 4, 8): where a forward
 MAX_MEASURED_ROWS = 64  # larger batches: extrapolated
 ACCEPTED_READ = 4  # accepted tokens the draft reads per step in the measurement
 
-_memo: dict[str, "StepCosts"] = {}
+_memo: dict[str, StepCosts] = {}
 
 
 def cache_root() -> Path:
@@ -120,7 +120,7 @@ class StepCosts:
                 "draft_level": {str(r): t for r, t in self.draft_level.items()}}
 
     @classmethod
-    def from_json(cls, data: dict) -> "StepCosts":
+    def from_json(cls, data: dict) -> StepCosts:
         return cls(key=data["key"], top_k=int(data["top_k"]), device=data["device"],
                    verify={int(r): {int(s): float(t) for s, t in by.items()} for r, by in data["verify"].items()},
                    draft_read={int(r): float(t) for r, t in data["draft_read"].items()},

@@ -25,7 +25,7 @@ PACKED_HEAD_DTYPES = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # device types on which verifications run through LeanTargetForward where it reproduces the target
 LEAN_FORWARD_DEVICES = ("cpu",)
 
-_packed_heads: "weakref.WeakKeyDictionary[torch.nn.Linear, tuple]" = weakref.WeakKeyDictionary()
+_packed_heads: weakref.WeakKeyDictionary[torch.nn.Linear, tuple] = weakref.WeakKeyDictionary()
 
 
 def packed_head(head) -> Callable[[torch.Tensor], torch.Tensor] | None:

@@ -24,7 +24,7 @@ LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer"
 NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 SILU_CLASSES = ("SiLU", "SiLUActivation")
 # the probe's verdict per model, while its weights are the same tensors at the same versions
-_verdicts: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_verdicts: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
 class _Norm(NamedTuple):

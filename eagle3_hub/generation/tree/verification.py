@@ -20,7 +20,7 @@ from .outputs import PhaseClock, TreeDecodingStats
 # same weight at the same version. Checked at a run's first prefill; later prefills then ask the model for no
 # logits and compute the last slot's from a fresh row (transformers hands its head a strided (b, 1, H) slice,
 # which takes a slow path that copies the whole head on a CPU).
-_head_verdicts: "weakref.WeakKeyDictionary[torch.nn.Module, tuple]" = weakref.WeakKeyDictionary()
+_head_verdicts: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
 def forward_cache_kwarg(model) -> str:
@@ -42,7 +42,7 @@ class Tree:
     depth: int  # at least the deepest slot's level
 
     @classmethod
-    def build(cls, root, node_tok, node_parent, node_depth, chain: torch.Tensor | None, depth: int) -> "Tree":
+    def build(cls, root, node_tok, node_parent, node_depth, chain: torch.Tensor | None, depth: int) -> Tree:
         b, n_tree = node_tok.shape
         dev = root.device
         if chain is not None:  # node n_tree + j is slot n_tree + j + 1, its parent slot n_tree + j (j > 0)
