@@ -31,12 +31,13 @@ import itertools
 import re
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
 from ..generation.tree import attention_kernels
+from ..repetition import repeated_ngrams
 from .instruments import ForwardStarts, ForwardTimer, PeakMemory, sync
 from .machine import machine_info
 from .near_ties import near_tie_check, reduced_precision
@@ -407,6 +408,8 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
                 "peak_memory_mb": max(r.peak_memory_mb for r in rs),
                 "tree": rs[0].tree,
                 "target_forwards": sum(r.target_forwards for r in rs),
+                # the share of the outputs' 8-grams that repeat an earlier one of the same output: text that loops
+                "loop_share": _loop_share(rs),
             }
         )
     by_key = {(r["suite"], r["mode"], r["batch"], r["method"]): r for r in rows}
@@ -426,6 +429,11 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
             if oracle and oracle["mean_acceptance_length"] and r["mean_acceptance_length"]:
                 r["oracle_share"] = r["mean_acceptance_length"] / oracle["mean_acceptance_length"]
     return rows
+
+
+def _loop_share(records: list[TurnRecord]) -> float | None:
+    repeated, total = repeated_ngrams([r.output_ids for r in records if r.output_ids])
+    return repeated / total if total else None
 
 
 def lossless_check(

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ..atomic import atomic_path, atomic_write_text
 from ..extras import missing_extra
+from ..repetition import LOOP_NGRAM, LOOP_SHARE_FLAG
 from .machine import describe_machine
 
 METHOD_ORDER = ("plain", "same_forward", "lookup", "assistant", "assisted", "tree", "oracle")
@@ -58,6 +59,13 @@ def lossless_text(entry: dict, suite: str = "_all") -> str:
     return f"NO ({differ} of {e['turns']} turns differ)"
 
 
+def loop_text(share: float | None) -> str:
+    """A row's loop share, flagged where its outputs loop (speed-ups there measure copying, not drafting)."""
+    if share is None:
+        return "–"
+    return f"{share:.2f}" + (" LOOPS" if share > LOOP_SHARE_FLAG else "")
+
+
 def markdown_table(results: dict) -> str:
     """One row per suite, mode and method; 'all suites' rows pool every suite when there are several."""
     lossless = results.get("lossless", {})
@@ -70,7 +78,7 @@ def markdown_table(results: dict) -> str:
     with_oracle = any(r.get("oracle_share") is not None for r in rows)
     header = ["Suite", "Mode"] + (["Batch"] if batched else []) + ["Method", "Tokens/s", "Speed-up"] + (["vs same forward"] if with_same else []) + [
         "Accept. length"] + (["Of perfect draft"] if with_oracle else []) + [
-        "Accepted at draft pos. 1/2/3/…", "Draft / verify / other", "Peak MB", "Lossless"]
+        "Accepted at draft pos. 1/2/3/…", "Draft / verify / other", "Peak MB", "Loop share", "Lossless"]
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         split = r["time_split"]
@@ -93,6 +101,7 @@ def markdown_table(results: dict) -> str:
             "–" if split["verify"] is None else
             f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['overhead']:.0f}%",
             _fmt(r["peak_memory_mb"], ".0f"),
+            loop_text(r.get("loop_share")),
             same,
         ]
         lines.append("| " + " | ".join(cells) + " |")
@@ -133,6 +142,9 @@ def markdown_report(results: dict) -> str:
         markdown_table(results),
         "",
     ]
+    parts += [f"Loop share: the share of each output's {LOOP_NGRAM}-grams that repeat an earlier one of the same "
+              f"output; LOOPS above {LOOP_SHARE_FLAG:g}: the outputs loop, and a speed-up there measures copying the "
+              "loop (prompt lookup and the tree's lookup branch do), not drafting.", ""]
     if any(r["method"].startswith("oracle") for r in results["results"]):
         parts += ["`oracle`: the target proposes each node's children itself (its own most probable tokens), in the "
                   "same tree shape and walk: the acceptance a perfect draft would reach. It measures acceptance only; "

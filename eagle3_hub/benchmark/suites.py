@@ -26,9 +26,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
 
 from ..atomic import atomic_write_text
 from ..extras import missing_extra
@@ -161,7 +161,9 @@ HUB_SOURCES: dict[str, HubSource] = {
     "sum": HubSource("abisee/cnn_dailymail", config="3.0.0", split="test", convert=_cnn_dm),
     "qa": HubSource("google-research-datasets/nq_open", split="validation", convert=_nq_open),
 }
-STANDARD_SUITES = list(HUB_SOURCES)
+# suites that ship with the package only (no Hub source): read from the package's data folder
+PACKAGED_SUITES = ("continuation",)
+STANDARD_SUITES = list(HUB_SOURCES) + list(PACKAGED_SUITES)
 ALIASES = {
     "mt-bench": "mt_bench", "mtbench": "mt_bench",
     "human_eval": "humaneval", "human-eval": "humaneval",
@@ -254,9 +256,11 @@ def load_suite(
     if path.is_dir():
         return read_question_folder(path)
     if spec == "all":
-        return [s for name in STANDARD_SUITES for s in load_suite(name, bench_dir, endpoint, cache_dir)]
+        return [s for name in HUB_SOURCES for s in load_suite(name, bench_dir, endpoint, cache_dir)]
 
     name = canonical_name(spec)
+    if name in PACKAGED_SUITES:
+        return [read_question_file(PACKAGED_DIR / f"{name}.jsonl", name=name)]
     if name in HUB_SOURCES:
         local = _find_local(name, bench_dir)
         if local is not None:

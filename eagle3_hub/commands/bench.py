@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"], help="auto: bfloat16 on GPU and on CPUs with bf16 units (AVX512-BF16, AMX), float32 on other CPUs")
     g.add_argument("--device", default="auto", help="auto, cpu, cuda, cuda:1, mps")
     g = parser.add_argument_group("what to run")
-    g.add_argument("--suite", default="mt_bench", help=f"comma-separated: question.jsonl files or folders, names ({', '.join(STANDARD_SUITES)}, all) or Hub dataset ids")
+    g.add_argument("--suite", default=None, help=f"comma-separated: question.jsonl files or folders, names ({', '.join(STANDARD_SUITES)}, all) or Hub dataset ids "
+                   "(default: mt_bench; continuation, openings of documents, for a target without a chat template)")
     g.add_argument("--bench-dir", default=None, help="folder with <suite>.jsonl or <suite>/question.jsonl files (also $EAGLE3_HUB_BENCH_DIR)")
     g.add_argument("--num-questions", type=int, default=None, help="first N questions of each suite")
     g.add_argument("--methods", default="plain,same_forward,lookup,assisted,tree",
@@ -39,7 +40,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                         "same_forward: plain decoding through the forward and head tree decoding verifies with)")
     g.add_argument("--max-new-tokens", type=int, default=256)
     g.add_argument("--max-turns", type=int, default=None, help="user turns per question (MT-bench has 2; 1 = first turns only)")
-    g.add_argument("--temperature", default="0", help="comma-separated; 0 = greedy (with the lossless check). E.g. 0,0.7")
+    g.add_argument("--temperature", default=None, help="comma-separated; 0 = greedy (with the lossless check). E.g. 0,0.7 "
+                   f"(default: 0; {BASE_MODEL_TEMPERATURES} for a target without a chat template, a base model, which "
+                   "is mostly sampled)")
     g.add_argument("--top-p", type=float, default=1.0)
     g.add_argument("--top-k", type=int, default=0)
     g.add_argument("--seed", type=int, default=0)
@@ -98,6 +101,27 @@ def methods_from_args(args) -> list[str]:
     return methods
 
 
+BASE_MODEL_TEMPERATURES = "0,0.7,1"
+
+
+def defaults_for(tokenizer, suite: str | None, temperature: str | None) -> tuple[str, str]:
+    """The suite and temperatures a run uses where the command line names none: a chat model answers MT-bench
+    greedily; a base model (no chat template) continues openings of documents, greedy and sampled, as it is used."""
+    base = not getattr(tokenizer, "chat_template", None)
+    return (suite or ("continuation" if base else "mt_bench"),
+            temperature or (BASE_MODEL_TEMPERATURES if base else "0"))
+
+
+def parse_temperatures(text: str) -> list[float]:
+    try:
+        temperatures = [float(t) for t in str(text).split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--temperature takes comma-separated numbers (0 = greedy), got {text!r}") from None
+    if not temperatures:
+        raise ValueError(f"--temperature takes numbers >= 0 (0 = greedy), got {text!r}")
+    return [check_temperature(t, given=text) for t in temperatures]
+
+
 def _check_numbers(args):
     for flag in ("max_new_tokens", "num_questions", "max_turns"):
         value = getattr(args, flag)
@@ -112,10 +136,10 @@ def _check_numbers(args):
 def run(args) -> int:
     from ..benchmark.bench import Mode, run_benchmark
     from ..benchmark.models import compare_draft_names, load_models, resolve_draft
-    from ..generation.tree import load_draft
     from ..benchmark.report import print_report, write_report
     from ..benchmark.suites import load_suites
     from ..devices import resolve_device_dtype
+    from ..generation.tree import load_draft
     from ..targets import check_model_path
 
     _check_numbers(args)
@@ -129,25 +153,24 @@ def run(args) -> int:
         for key, default in SWEEP_DEFAULTS.items():
             if getattr(args, key) is None:
                 setattr(args, key, default)
-    try:
-        temperatures = [float(t) for t in str(args.temperature).split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"--temperature takes comma-separated numbers (0 = greedy), got {args.temperature!r}") from None
-    if not temperatures:
-        raise ValueError(f"--temperature takes numbers >= 0 (0 = greedy), got {args.temperature!r}")
-    temperatures = [check_temperature(t, given=args.temperature) for t in temperatures]
-    modes = [Mode(t, args.top_p, args.top_k) for t in temperatures]
+    if args.temperature is not None:  # a bad value fails before any model loads
+        parse_temperatures(args.temperature)
     batch_sizes = number_list(args.batch_size)
     if any(b < 1 for b in batch_sizes):
         raise ValueError(f"--batch-size takes integers >= 1, got {args.batch_size!r}")
     grid = tree_grid_from_args(args) if "tree" in methods else None
     draft_path = resolve_draft(args.draft, args.target, methods)
-    suites = load_suites(args.suite, bench_dir=args.bench_dir, num_questions=args.num_questions)
+    if args.suite is not None:  # a bad suite fails before any model loads
+        suites = load_suites(args.suite, bench_dir=args.bench_dir, num_questions=args.num_questions)
     device, dtype = resolve_device_dtype(args.device, args.dtype)
     target, tokenizer, draft, assistant, assistant_tok = load_models(
         args.target, draft_path, device, dtype, assistant_model=args.assistant_model,
         assistant_tokens=args.assistant_tokens, allow_pickle=args.allow_pickle,
     )
+    suite, temperature = defaults_for(tokenizer, args.suite, args.temperature)
+    if args.suite is None:
+        suites = load_suites(suite, bench_dir=args.bench_dir, num_questions=args.num_questions)
+    modes = [Mode(t, args.top_p, args.top_k) for t in parse_temperatures(temperature)]
     if args.profile:
         if draft is None:
             raise ValueError("--profile measures tree decoding: it needs a draft (--draft, or the embedded target's)")
