@@ -318,7 +318,11 @@ def test_costs_are_measured_once_cached_on_disk_and_extended(tmp_path, monkeypat
     monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(costs_mod, "_memo", {})
     bigger = step_costs(target, draft, config, rows=4, slots=9)  # a larger batch: its rows are added
-    assert set(bigger.verify) == {1, 2, 4} and bigger.verify[1] == first.verify[1]
+    assert set(bigger.verify) == {1, 2, 4} and set(bigger.verify[1]) == set(first.verify[1])
+    # the rows measured before are kept, lowered only where the new rows' readings make the table monotone
+    assert all(bigger.verify[1][s] <= first.verify[1][s] for s in first.verify[1])
+    assert bigger.verify[1] == {s: min([first.verify[1][s]] + [bigger.verify[r][s] for r in (2, 4)])
+                                for s in first.verify[1]}
     other = step_costs(target, draft, config.replace(tree_top_k=2), rows=1, slots=3)
     assert other.key != first.key  # another tree width, another table
     assert "| rows |" in bigger.table() and "draft level" in bigger.table()

@@ -654,6 +654,77 @@ def test_sampling_keeps_the_target_distribution(sampling, monkeypatch):
         assert p_value > 1e-3, (k, p_value)
 
 
+def test_the_lookup_branch_merges_into_the_drafted_tree():
+    """A copied token equal to a drafted child is no second candidate: the copy goes on under the drafted node
+    (a path accepted through drafted nodes continues along the copied text), and the copied slot is marked."""
+    root = torch.tensor([1, 1])
+    # drafted: slot 1 = 10 (root's child), slot 2 = 11 (root's child), slot 3 = 20 (under slot 1)
+    node_tok = torch.tensor([[10, 11, 20], [10, 11, 20]])
+    node_parent = torch.tensor([[0, 0, 1], [0, 0, 1]])
+    node_depth = torch.tensor([[1, 1, 2], [1, 1, 2]])
+    # row 0 copies 10, 20, 30 (follows the drafted path 10 -> 20, then leaves it); row 1 copies 12, 20, 30
+    chain = torch.tensor([[10, 20, 30], [12, 20, 30]])
+    tree = verification.Tree.build(root, node_tok, node_parent, node_depth, chain, depth=2)
+    assert tree.parent[0].tolist() == [0, 0, 0, 1, 0, 1, 3]  # 30 hangs under the drafted 20 (slot 3)
+    assert tree.duplicate[0].tolist() == [False, False, False, False, True, True, False]
+    assert tree.parent[1].tolist() == [0, 0, 0, 1, 0, 4, 5]  # 12 is new: its own chain under it
+    assert not tree.duplicate[1].any()
+    assert tree.level[0].tolist() == [0, 1, 1, 2, 1, 2, 3]
+    assert tree.anc[0, 6].nonzero().squeeze(1).tolist() == [0, 1, 3, 6]  # attends to its merged path
+
+
+@pytest.mark.parametrize("copied", ["target-path", "fixed"])
+def test_sampling_with_the_lookup_branch_keeps_the_target_distribution(copied, monkeypatch):
+    """Whatever the lookup branch copies, each copied token is one more one-hot candidate at its node: the first
+    3 sampled tokens keep the exact joint distribution. ``target-path``: the copy is the target's own most likely
+    continuation, so it mostly repeats the drafted children and is merged into them; ``fixed``: a copy unrelated
+    to the text."""
+    target = make_tiny_target("llama", vocab_size=16)
+    with torch.no_grad():
+        target.lm_head.weight.mul_(4.0)
+    draft = copy_draft(target)
+    ids = torch.tensor([[3, 7, 11, 5]])
+    processors = LogitsProcessorList([TemperatureLogitsWarper(0.7), TopPLogitsWarper(0.9)])
+    exact = _exact_three_token_distribution(target, ids, processors)  # (16, 16, 16)
+
+    def propose(self, m):
+        if copied == "fixed":
+            return [5, 9, 2, 5]
+        x1 = self.tokens[-1]  # the first tree's root: the prefill's sample
+        x2 = int(exact[x1].sum(-1).argmax())
+        return [x2, int(exact[x1, x2].argmax()), 4]
+
+    monkeypatch.setattr(_PromptLookup, "propose", propose)
+    duplicates = []
+    build = verification.Tree.build.__func__
+
+    def spy(cls, *args):
+        tree = build(cls, *args)
+        duplicates.append(int(tree.duplicate.sum()) if tree.duplicate is not None else 0)
+        return tree
+
+    monkeypatch.setattr(verification.Tree, "build", classmethod(spy))
+    n = 8000
+    out = generate(target, draft, ids.expand(n, -1), max_new_tokens=3, do_sample=True, eos_token_id=[],
+                   temperature=0.7, top_p=0.9, generator=torch.Generator().manual_seed(1), depth=2, tree_top_k=3,
+                   total_tokens=6, min_node_prob=0.0, lookup_tokens=4, adaptive=False)
+    assert out.stats.lookup_accepted > 100  # copied tokens were accepted (not only residual draws)
+    if copied == "target-path":
+        assert duplicates[0] > 0.5 * n  # most copies repeat a drafted child: merged, not proposed twice
+    x = out.sequences[:, ids.shape[1] : ids.shape[1] + 3]
+    for k in (2, 3):
+        cells = x[:, 0] * 16 + x[:, 1] if k == 2 else (x[:, 0] * 16 + x[:, 1]) * 16 + x[:, 2]
+        counts = torch.bincount(cells, minlength=16**k).double()
+        expected = (exact.sum(-1) if k == 2 else exact).flatten().double() * n
+        assert counts[expected == 0].sum() == 0
+        big = expected >= 5
+        obs = torch.cat([counts[big], counts[~big].sum()[None]])
+        exp = torch.cat([expected[big], expected[~big].sum()[None]])
+        obs, exp = obs[exp > 0], exp[exp > 0]
+        p_value = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
+        assert p_value > 1e-3, (k, p_value)
+
+
 def test_sampling_computes_the_head_once_per_step_not_once_per_level(monkeypatch):
     """With score-only processors the walk reads the logits and processed scores of every slot with children from
     one head product and one processor call per step; only a walk that stops at a leaf needs that leaf's logits."""
@@ -940,8 +1011,6 @@ def test_clear_errors():
         generate(target, draft, ids, max_new_tokens=4, do_sample=True, temperature=0.0)
     with pytest.raises(ValueError, match="lookup_tokens must be a non-negative integer"):
         generate(target, draft, ids, max_new_tokens=4, lookup_tokens=-1)
-    with pytest.raises(ValueError, match="lookup_tokens works with greedy decoding only"):
-        generate(target, draft, ids, max_new_tokens=4, do_sample=True, lookup_tokens=4)
     assert generate(target, draft, ids, max_new_tokens=4, do_sample=True).stats.tree["lookup_tokens"] == 0
     for name in ("min_node_prob", "grow_min_prob"):  # the two thresholds: probabilities, and not with draft_graph
         for bad in (-0.1, 1.0, True, "0.1"):

@@ -57,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser):
     g.add_argument("--tree-top-k", default=None, help="candidates per node (list with --sweep)")
     g.add_argument("--total-tokens", default=None, help="tree size verified per step (list with --sweep)")
     g.add_argument("--tree-lookup-tokens", default=None,
-                   help="tokens copied from the text so far as one more branch of the tree, greedy only; 0 = none (list with --sweep)")
+                   help="tokens copied from the text so far as one more branch of the tree (default: on for greedy, off when sampling); 0 = none (list with --sweep)")
     g.add_argument("--min-node-prob", default=None,
                    help="keep only tree nodes whose cumulative draft probability reaches this; 0 = always --total-tokens (list with --sweep)")
     g.add_argument("--grow-min-prob", default=None,

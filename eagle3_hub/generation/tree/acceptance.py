@@ -150,6 +150,8 @@ def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing,
     arange_b = torch.arange(b, device=dev)
     slots = torch.arange(S, device=dev)
     is_child = (parent[:, None, :] == slots[None, :, None]) & (slots > 0)[None, None, :]  # (b, parent, child)
+    if tree.duplicate is not None:  # candidates stay distinct: a repeated token is no second proposal
+        is_child &= ~tree.duplicate[:, None, :]
     cur = torch.zeros(b, dtype=torch.long, device=dev)
     alive = torch.ones(b, dtype=torch.bool, device=dev)
     bonus = torch.zeros(b, dtype=torch.long, device=dev)

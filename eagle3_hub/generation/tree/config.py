@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, replace
 import torch
 
 # depth: draft levels; top_k: children per expanded node; total_tokens: tree nodes verified per target forward (root
-# excluded); lookup_tokens: the lookup branch after a 3-token match (greedy only); min_node_prob: keep only nodes whose
+# excluded); lookup_tokens: the lookup branch after a 3-token match; min_node_prob: keep only nodes whose
 # cumulative draft probability reaches it; grow_min_prob: draft a further level only while a frontier node reaches it.
 # A CPU verification costs about linearly in its tokens, so its trees are small and pruned; in bfloat16 on a CPU
 # with bf16 units it is nearly flat, so wider unpruned trees pay; on CUDA it is flat up to large trees and the draft
@@ -56,8 +56,9 @@ class TreeConfig:
 
     depth: draft levels. tree_top_k: children per expanded node. total_tokens: tree nodes per verification (root
         excluded); at most ``tree_top_k + (depth - 1) * tree_top_k**2``.
-    lookup_tokens: length of the lookup branch (tokens copied from the text so far; greedy only, 0 = none) after
-        a 3-token match, less after shorter ones (``LOOKUP_SHARE``); default 0 when sampling.
+    lookup_tokens: length of the lookup branch (tokens copied from the text so far, 0 = none) after a 3-token
+        match, less after shorter ones (``LOOKUP_SHARE``). When sampling, each copied token is one more one-hot
+        candidate at its node (merged with an equal drafted child), so the walk stays lossless; default 0 there.
     min_node_prob: keep only the nodes whose cumulative draft probability reaches it (at least one, at most
         ``total_tokens``); 0 = always ``total_tokens``.
     grow_min_prob: draft a further level only while some frontier node's cumulative draft probability reaches it:
@@ -138,11 +139,6 @@ class TreeConfig:
                     f"{name} sizes each tree anew, and draft_graph replays one tree shape: set {name}=0 or "
                     "draft_graph=False."
                 )
-        if n and do_sample:
-            raise ValueError(
-                "lookup_tokens works with greedy decoding only (its tokens are not samples of the draft): "
-                "set lookup_tokens=0 or do_sample=False."
-            )
 
     def as_stats(self) -> dict:
         """The shape as ``TreeDecodingStats.tree`` reports it (``TREE_DEFAULTS``' key names)."""

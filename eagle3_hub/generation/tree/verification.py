@@ -32,7 +32,10 @@ def forward_cache_kwarg(model) -> str:
 @dataclass
 class Tree:
     """The slots of one verification, per row (b rows, S = N + 1 slots): slot 0 is the root, slots 1..n_tree the draft
-    tree's nodes, the rest the lookup branch (a chain under the root); parents precede their children."""
+    tree's nodes, the rest the lookup branch; parents precede their children. The lookup branch is merged into the
+    draft tree: while its tokens follow a drafted path, its next token hangs under that path's node (so a path
+    accepted through drafted nodes can go on along the copied text); a lookup token equal to a drafted sibling stays
+    as a slot (shapes stay rectangular) marked ``duplicate``, never a candidate of its own."""
 
     tok: torch.Tensor  # (b, S) target token ids
     parent: torch.Tensor  # (b, S) parent slot (the root's: 0)
@@ -40,24 +43,38 @@ class Tree:
     anc: torch.Tensor  # (b, S, S) anc[r, i, j]: slot j is on the path root -> i (i included)
     n_tree: int
     depth: int  # at least the deepest slot's level
+    duplicate: torch.Tensor | None = None  # (b, S) a slot whose token an earlier sibling holds (None: none can)
 
     @classmethod
     def build(cls, root, node_tok, node_parent, node_depth, chain: torch.Tensor | None, depth: int) -> Tree:
         b, n_tree = node_tok.shape
         dev = root.device
-        if chain is not None:  # node n_tree + j is slot n_tree + j + 1, its parent slot n_tree + j (j > 0)
+        duplicate = None
+        if chain is not None:  # chain token j is slot n_tree + j + 1, at level j + 1
             m = chain.shape[1]
-            chain_parent = torch.arange(n_tree, n_tree + m, device=dev)
-            chain_parent[0] = 0
+            chain_parent = torch.empty(b, m, dtype=torch.long, device=dev)
+            at = torch.zeros(b, dtype=torch.long, device=dev)  # the slot chain token j hangs under (root first)
+            drafted = torch.arange(1, n_tree + 1, device=dev)
+            for j in range(m):
+                chain_parent[:, j] = at
+                same = (node_tok == chain[:, j : j + 1]) & (node_parent == at[:, None])  # (b, n_tree)
+                # along a drafted path the copy continues under the drafted node; off it, under its own slot
+                at = torch.where(same.any(dim=1), (same.long() * drafted).amax(dim=1), n_tree + j + 1)
             node_tok = torch.cat([node_tok, chain], dim=1)
-            node_parent = torch.cat([node_parent, chain_parent.expand(b, m)], dim=1)
+            node_parent = torch.cat([node_parent, chain_parent], dim=1)
             node_depth = torch.cat([node_depth, torch.arange(1, m + 1, device=dev).expand(b, m)], dim=1)
             depth = max(depth, m)
         zero = torch.zeros(b, 1, dtype=torch.long, device=dev)
         tok = torch.cat([root[:, None], node_tok], dim=1)
         parent = torch.cat([zero, node_parent], dim=1)
         level = torch.cat([zero, node_depth], dim=1)
-        return cls(tok, parent, level, ancestors(parent, depth), n_tree, depth)
+        if chain is not None:
+            S = tok.shape[1]
+            earlier = torch.ones(S, S, dtype=torch.bool, device=dev).tril(-1)  # [i, j]: j < i
+            sibling = (parent[:, :, None] == parent[:, None, :]) & (tok[:, :, None] == tok[:, None, :]) & earlier
+            duplicate = sibling.any(dim=-1)
+            duplicate[:, 0] = False
+        return cls(tok, parent, level, ancestors(parent, depth), n_tree, depth, duplicate)
 
     @property
     def N(self) -> int:
