@@ -110,6 +110,18 @@ def test_the_embedded_pair_runs_as_the_bench_does_and_samples(tmp_path):
         load_pairs(f)
 
 
+def test_the_starting_temperature_is_overridden_zero_included():
+    """``demo --temperature 0`` starts the page greedy (0 is a value, not "keep the pair's own")."""
+    from eagle3_hub.cli import command_parser
+
+    module, parser = command_parser("demo")
+    cache = module.make_cache(parser.parse_args(["--temperature", "0"]))
+    assert cache.pairs[cache.default].temperature == 0
+    assert module.make_cache(parser.parse_args([])).pairs[cache.default].temperature == 0.7
+    with pytest.raises(DemoError, match="temperature must be a number from 0"):
+        module.make_cache(parser.parse_args(["--temperature", "3"]))
+
+
 def test_pairs_file_errors_say_what_is_wrong(tmp_path):
     bad = tmp_path / "pairs.yaml"
     bad.write_text("pairs:\n  a:\n    target: x\n")
@@ -435,7 +447,9 @@ def test_browser_side_by_side(smollm2, fitted_draft_dir, tmp_path):
     target, tokenizer = smollm2
     expected = _greedy_reply(target, tokenizer, BROWSER_PROMPT, 24)
     profile = tmp_path / "chromium-profile"
-    with _served_app(["--draft", str(fitted_draft_dir), "--device", "cpu"], tmp_path / "server.log") as url, sync_playwright() as p:
+    # greedy: the page starts at the pair's temperature (0.7 for the embedded pair) unless told
+    served = ["--draft", str(fitted_draft_dir), "--device", "cpu", "--temperature", "0"]
+    with _served_app(served, tmp_path / "server.log") as url, sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
             profile, executable_path=CHROMIUM, headless=True, viewport={"width": 1400, "height": 1100},
             args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",

@@ -14,8 +14,8 @@ from tiny_models import left_padded, make_tiny_target
 
 from eagle3_hub.generation.tree.same_forward import same_forward_generate
 from eagle3_hub.targets import load_target
-from eagle3_hub.training.data import regenerate
 from eagle3_hub.training.features import aux_features
+from eagle3_hub.training.generation import regenerate
 
 
 def head_inputs(target) -> list[bool]:

@@ -33,20 +33,12 @@ from eagle3_hub.devices import cpu_has_bf16_units
 from eagle3_hub.publish import after_training
 from eagle3_hub.targets import load_target, resolve_target
 from eagle3_hub.training import features as features_module
-from eagle3_hub.training.data import (
-    PRESETS,
-    DataError,
-    build_conversations,
-    load_source,
-    normalise_example,
-    prompt_key,
-    render_with_mask,
-    source_spec,
-    tokenize_dataset,
-    user_prefix,
-)
+from eagle3_hub.training.data import build_conversations
 from eagle3_hub.training.features import OfflineFeatures, ShardReader, aux_features, sample_key
+from eagle3_hub.training.presets import PRESETS
 from eagle3_hub.training.recipe import load_recipe, parse_overrides
+from eagle3_hub.training.sources import DataError, load_source, normalise_example, prompt_key, source_spec
+from eagle3_hub.training.tokenise import render_with_mask, tokenize_dataset, user_prefix
 from eagle3_hub.training.train import (
     LengthGroupedBatches,
     collate,

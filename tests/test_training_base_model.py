@@ -8,7 +8,7 @@ import shutil
 import pytest
 from training_helpers import recipe_for, write_jsonl
 
-from eagle3_hub.training.data import DataError
+from eagle3_hub.training.sources import DataError
 from eagle3_hub.training.train import train
 
 PLAIN = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'user' %}\n\n{% endif %}{% endfor %}"

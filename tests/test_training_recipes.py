@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from training_helpers import recipe_for, run_cli, write_recipe
 
-from eagle3_hub.training.data import PRESETS
+from eagle3_hub.training.presets import PRESETS
 from eagle3_hub.training.recipe import load_recipe, load_stages
 from eagle3_hub.training.train import check_recipe
 

@@ -15,13 +15,8 @@ import torch
 
 from eagle3_hub import Eagle3DraftModel
 from eagle3_hub.targets import load_target, reference_draft
-from eagle3_hub.training.data import (
-    GENERATION_REPORT,
-    build_conversations,
-    regenerate,
-    regeneration_draft,
-    synthesize_prompts,
-)
+from eagle3_hub.training.data import GENERATION_REPORT, build_conversations
+from eagle3_hub.training.generation import regenerate, regeneration_draft, synthesize_prompts
 from eagle3_hub.training.recipe import load_recipe, parse_overrides
 
 
@@ -190,7 +185,8 @@ def test_sampled_answers_mix_settings_by_share_and_resume_to_the_same_data(tmp_p
     tags = [r["sampling"] for r in recs]
     assert set(tags) == {"greedy", "T=1,top_p=0.9"} and {r["by"] for r in recs} == {"same_forward"}
     # a sample's setting follows its prompt (its text and the seed), not its place in the data or a batch
-    from eagle3_hub.training.data import answer_settings, assign_setting, prompt_key
+    from eagle3_hub.training.generation import answer_settings, assign_setting
+    from eagle3_hub.training.sources import prompt_key
     settings = answer_settings(sampling)
     assert all(settings[assign_setting(settings, prompt_key(r["messages"]), 0)].tag == r["sampling"] for r in recs)
     # kill after the first batch: keep its lines only, then rerun
@@ -230,6 +226,7 @@ def test_sampled_answers_of_kept_prompts_stay_beside_their_greedy_answers(tmp_pa
     ({"temp": 1}, "mapping of temperature, top_p and share"),
 ])
 def test_bad_answer_sampling_is_named(bad, says):
-    from eagle3_hub.training.data import DataError, answer_settings
+    from eagle3_hub.training.generation import answer_settings
+    from eagle3_hub.training.sources import DataError
     with pytest.raises(DataError, match=says):
         answer_settings([bad])

@@ -24,7 +24,7 @@ def test_a_config_object_and_keywords_give_the_same_run():
     assert torch.equal(by_config.sequences, by_keywords.sequences)
     assert by_config.stats.accepted_per_step == by_keywords.stats.accepted_per_step
     assert by_config.stats.tree == {"depth": 4, "top_k": 3, "total_tokens": 9, "lookup_tokens": 0,
-                                    "min_node_prob": 0.0, "grow_min_prob": 0.0}
+                                    "min_node_prob": 0.0, "grow_min_prob": 0.0, "adaptive": False}
     # a keyword overrides the config's field; the rest come from the config, then the device defaults
     mixed = generate(target, draft, ids, max_new_tokens=8, config=TreeConfig(depth=2, tree_top_k=3), total_tokens=5)
     assert {k: mixed.stats.tree[k] for k in ("depth", "top_k", "total_tokens")} == {"depth": 2, "top_k": 3,

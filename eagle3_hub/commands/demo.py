@@ -17,6 +17,8 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("--draft", default=None, help="override the default pair's draft (folder or repo id)")
     parser.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"], help="override the default pair's dtype")
     parser.add_argument("--device", default=None, help="override the default pair's device (auto, cpu, cuda, cuda:1, mps)")
+    parser.add_argument("--temperature", type=float, default=None,
+                        help="the page's starting temperature for the default pair (0 = greedy; default: the pair's own, 0.7 for the embedded pair)")
     parser.add_argument("--max-new-tokens-limit", type=int, default=Limits.max_new_tokens, help="largest max-new-tokens a request may ask for")
     parser.add_argument("--queue-size", type=int, default=16, help="requests that may wait in the queue")
     parser.add_argument("--no-preload", action="store_true", help="load the models on the first request, not at start (a pair that does not load is then shown on the page; at start it stops the demo)")
@@ -36,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser):
 def make_cache(args):
     from ..demo import pair_cache
 
-    return pair_cache(args.pairs, args.pair, target=args.target, draft=args.draft, dtype=args.dtype, device=args.device)
+    return pair_cache(args.pairs, args.pair, target=args.target, draft=args.draft, dtype=args.dtype, device=args.device,
+                      temperature=args.temperature)
 
 
 def run(args) -> int:

@@ -192,15 +192,16 @@ class PairCache:
 
 def pair_cache(pairs_file: str | Path | None = None, pair: str | None = None, **overrides) -> PairCache:
     """The demo's pairs: ``pairs_file`` (YAML, see ``load_pairs``) or the embedded pair; ``pair`` is selected when
-    the page opens, and ``overrides`` (``target``, ``draft``, ``dtype``, ``device``; ``None`` = keep) change it."""
+    the page opens, and ``overrides`` (``target``, ``draft``, ``dtype``, ``device``, ``temperature``; ``None`` = keep)
+    change it."""
     pairs, default = load_pairs(pairs_file) if pairs_file else (dict(DEFAULT_PAIRS), EMBEDDED_PAIR)
     default = pair or default
     if default not in pairs:
         raise DemoError(f"--pair {default!r} is not one of {sorted(pairs)}.")
-    unknown = set(overrides) - {"target", "draft", "dtype", "device"}
+    unknown = set(overrides) - {"target", "draft", "dtype", "device", "temperature"}
     if unknown:
         raise TypeError(f"unknown pair settings {sorted(unknown)}")
-    overrides = {k: v for k, v in overrides.items() if v}
+    overrides = {k: v for k, v in overrides.items() if v is not None and v != ""}  # temperature 0 is a value
     if overrides:
         changed = replace(pairs[default], **overrides)
         if "draft" in overrides or "target" in overrides:

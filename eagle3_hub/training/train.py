@@ -43,10 +43,13 @@ from .checkpoints import (
     run_identity,
     save_checkpoint,
 )
-from .data import GENERATION_REPORT, DataError, build_conversations, regeneration_draft, tokenize_dataset
+from .data import GENERATION_REPORT, build_conversations
 from .features import OfflineFeatures, aux_features
+from .generation import regeneration_draft
 from .losses import parse_loss
 from .recipe import draft_config_overrides, load_recipe, load_stages
+from .sources import DataError
+from .tokenise import tokenize_dataset
 from .ttt import acceptance_metrics, draft_token_ids, target_logit_positions, ttt_loss
 from .vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
 

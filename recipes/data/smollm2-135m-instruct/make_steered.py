@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from eagle3_hub.targets import load_target
-from eagle3_hub.training.data import regenerate, synthesize_prompts
+from eagle3_hub.training.generation import regenerate, synthesize_prompts
 
 HERE = Path(__file__).parent
 # Generic starts of a request, never a benchmark question; each seed has its own set, aimed at the kinds of request
