@@ -29,6 +29,7 @@ from eagle3_hub.generation.tree import (
     LOOKUP_SHARE,
     TREE_DEFAULTS,
     TreeDecodingOutput,
+    acceptance,
     attention_kernels,
     custom_generate_files,
     drafting,
@@ -605,11 +606,16 @@ def _exact_three_token_distribution(target, ids, processors):
 
 
 @pytest.mark.parametrize(
-    "sampling", [{}, {"temperature": 0.7, "top_k": 6, "top_p": 0.9}], ids=["plain", "temperature-topk-topp"]
+    "sampling, sparse_limit",
+    [({}, None), ({"temperature": 0.7, "top_k": 6, "top_p": 0.9}, None), ({"temperature": 0.7, "top_p": 0.9}, 2)],
+    ids=["plain", "temperature-topk-topp", "temperature-topp-scattered"],
 )
-def test_sampling_keeps_the_target_distribution(sampling, monkeypatch):
+def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, monkeypatch):
     """8000 rows sample 5 tokens each; the first 3 (the first from the prefill, the next two decided by the
-    first tree: accepted draft tokens or the residual) must follow the exact joint distribution."""
+    first tree: accepted draft tokens or the residual) must follow the exact joint distribution. The walk reads a
+    top-k / top-p distribution on its support (``nucleus``), or scattered over the vocabulary when it is wide."""
+    if sparse_limit is not None:
+        monkeypatch.setattr(acceptance, "SPARSE_LIMIT", sparse_limit)
     target = make_tiny_target("llama", vocab_size=16)
     with torch.no_grad():
         target.lm_head.weight.mul_(4.0)  # a peakier random target: the draft's candidates get accepted often
@@ -619,7 +625,10 @@ def test_sampling_keeps_the_target_distribution(sampling, monkeypatch):
         monkeypatch.setattr(verification, "LOGITS_SUBSET_DEVICES", ())
     processors = LogitsProcessorList()
     if "temperature" in sampling:
-        processors += [TemperatureLogitsWarper(0.7), TopKLogitsWarper(6), TopPLogitsWarper(0.9)]
+        processors.append(TemperatureLogitsWarper(0.7))
+        if "top_k" in sampling:
+            processors.append(TopKLogitsWarper(6))
+        processors.append(TopPLogitsWarper(0.9))
     exact = _exact_three_token_distribution(target, ids, processors)  # (16, 16, 16)
 
     n = 8000

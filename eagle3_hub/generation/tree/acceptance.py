@@ -24,6 +24,7 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as _lp
 
 from .fast_paths import argmax
+from .nucleus import SPARSE_LIMIT, Nucleus, draw
 from .verification import Tree
 
 # logits processors that look at the scores only (not at the tokens so far): applied to all tree nodes at once
@@ -64,6 +65,8 @@ class Processing:
     def __init__(self, processors: LogitsProcessorList, do_sample: bool, generator: torch.Generator | None):
         self.processors, self.do_sample, self.generator = processors, do_sample, generator
         self.history_free = all(isinstance(p, HISTORY_FREE_PROCESSORS) for p in processors)
+        # temperature / top-k / top-p sampling: the distribution from its support, without sorting the vocabulary
+        self.nucleus = Nucleus.of(processors) if do_sample else None
         self.dummy_ids = None
 
     def reserve(self, rows: int, device: torch.device):
@@ -91,6 +94,22 @@ class Processing:
             return argmax(scores)
         probs = torch.softmax(scores.float(), dim=-1)
         return torch.multinomial(probs, 1, generator=self.generator).squeeze(1)
+
+    def next_token(self, raw: torch.Tensor, prefixes: Callable[[], list[torch.Tensor]] | None) -> torch.Tensor:
+        """(n, V) raw scores -> (n,) tokens: processed, then argmax or a sample."""
+        if self.nucleus is not None:
+            return draw(*self.nucleus(raw), self.generator)
+        return self.choose(self(raw.float(), prefixes))
+
+    def distribution(self, raw: torch.Tensor, prefixes: Callable[[], list[torch.Tensor]] | None):
+        """(n, V) raw scores -> (support (n, K), probabilities (n, K)) of the processed distribution when sampling; the
+        support is None (and the probabilities (n, V)) where it is the vocabulary or too wide to gain from."""
+        if self.nucleus is not None:
+            idx, p = self.nucleus(raw)
+            if idx.shape[1] <= SPARSE_LIMIT:
+                return idx, p
+            return None, torch.zeros_like(raw, dtype=p.dtype).scatter_(1, idx, p)
+        return None, torch.softmax(self(raw.float(), prefixes), dim=-1)
 
 
 def accept_greedy(tree: Tree, logits, keep, node_logits, process: Processing):
@@ -159,7 +178,7 @@ def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing,
 
     index = kept_slots(tree, keep)
 
-    def level_scores(prefix):
+    def level_raw():
         at = index[cur]
         if not cpu or bool((at >= 0).all()):  # (off the CPU every slot is kept: no host sync)
             raw = logits[arange_b, at]
@@ -168,33 +187,46 @@ def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing,
             missing = ((at < 0) & alive).nonzero().squeeze(1)  # live rows at leaves: their logits now, theirs only
             if missing.numel():
                 raw[missing] = node_logits(cur[missing], missing).to(raw.dtype)
-        return process(raw.float(), lambda: [history(i, prefix[i]) for i in range(b)])
+        return raw.float()
 
     for _ in range(tree.depth + 1):
         prefix = torch.stack(path, dim=1) if path else torch.zeros(b, 0, dtype=torch.long, device=dev)
-        scores = level_scores(prefix)
+
+        def prefixes(prefix=prefix):  # each row's history, for processors that read it
+            return [history(i, prefix[i]) for i in range(b)]
+
         cand = is_child[arange_b, cur] & alive[:, None]  # (b, S)
         if process.do_sample:
-            probs = torch.softmax(scores, dim=-1)
-            p_cand = probs.gather(1, tok) * cand
+            support, probs = process.distribution(level_raw(), prefixes)
+            if support is None:
+                p_tok = probs.gather(1, tok)
+            else:  # a slot's token against the support (b, S, K): tokens outside it have probability 0
+                match = tok[:, :, None] == support[:, None, :]
+                p_tok = (match * probs[:, None, :]).sum(dim=-1)
+            p_cand = p_tok * cand
             before = p_cand.cumsum(dim=-1) - p_cand  # mass of the earlier (rejected) children
             left = 1.0 - before
             ratio = torch.where(left > 0, p_cand / left.clamp_min(1e-30), 0.0)
             u = torch.rand(b, S, device=dev, generator=process.generator)
             accept = cand & (u < ratio)
         else:
-            best = argmax(scores)
+            best = argmax(process(level_raw(), prefixes))
             accept = cand & (tok == best[:, None])
         has = accept.any(dim=-1)
         stop_here = alive & ~has
         if not cpu or bool(stop_here.any()):  # (no host sync per level on accelerators)
             if process.do_sample:
                 # residual: p without every (rejected) child of this node, renormalised
-                hit = torch.zeros_like(probs).scatter_add_(1, tok, cand.float()) > 0
+                if support is None:
+                    hit = torch.zeros_like(probs).scatter_add_(1, tok, cand.float()) > 0
+                else:
+                    hit = (match & cand[:, :, None]).any(dim=1)
                 residual = probs.masked_fill(hit, 0.0)
                 empty = residual.sum(dim=-1, keepdim=True) <= 0
                 residual = torch.where(empty, probs, residual)
                 drawn = torch.multinomial(residual, 1, generator=process.generator).squeeze(1)
+                if support is not None:
+                    drawn = support.gather(1, drawn[:, None]).squeeze(1)
             else:
                 drawn = best
             bonus = torch.where(stop_here, drawn, bonus)

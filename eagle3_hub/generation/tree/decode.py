@@ -62,8 +62,7 @@ class TreeDecoder:
         if c.lookup_tokens:
             pads = (~valid).sum(-1).tolist()
             self.lookups = [PromptLookup(self.tokens[r], start=pads[r]) for r in range(b)]
-        scores = self.processing(logits[:, -1].float(), lambda: [input_ids[i : i + 1] for i in range(b)])
-        self.root = self.processing.choose(scores)  # (b,)
+        self.root = self.processing.next_token(logits[:, -1], lambda: [input_ids[i : i + 1] for i in range(b)])  # (b,)
         self.next_pos = pos[:, -1] + 1
         # the draft reads (feature t, token t+1) at position t: the prompt's features with the shifted prompt
         self.drafter.queue(feats, torch.cat([input_ids[:, 1:], self.root[:, None]], dim=1), pos, valid)

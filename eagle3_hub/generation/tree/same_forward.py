@@ -71,7 +71,7 @@ def same_forward_generate(
     next_pos = pos[:, -1] + 1
     new: list[torch.Tensor] = []
     for step in range(max_new_tokens):
-        token = process.choose(process(logits[:, -1].float(), None))
+        token = process.next_token(logits[:, -1], None)
         token = torch.where(done, pad, token)
         new.append(token)
         done |= torch.isin(token, eos)
