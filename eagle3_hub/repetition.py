@@ -2,8 +2,9 @@
 
 A base model's greedy continuation often falls into a loop ("I think it was 1999.\n" again and again). Drafting a
 loop is easy (prompt lookup copies it), so a speed-up measured on looping text says little about text people keep.
-The bench reports this share beside every row and flags the rows above ``LOOP_SHARE_FLAG``; training data can drop
-answers above a recipe's ``data.max_repeat_share``.
+The bench reports this share beside every row and flags the rows above ``LOOP_SHARE_FLAG``; training data cuts
+answers above a recipe's ``data.max_repeat_share`` where their loop begins (``loop_start``). Both count token ids of
+the target's tokenizer, so a share means the same in a bench row and in a recipe.
 """
 
 from __future__ import annotations
@@ -40,4 +41,23 @@ def repeated_ngrams(outputs: Sequence[Sequence], n: int = LOOP_NGRAM) -> tuple[i
     return repeated, total
 
 
-__all__ = ["LOOP_NGRAM", "LOOP_SHARE_FLAG", "repeated_ngram_share", "repeated_ngrams"]
+def loop_start(tokens: Sequence, n: int = LOOP_NGRAM, min_run: int = LOOP_NGRAM) -> int | None:
+    """Where ``tokens`` start to loop: the index of the first n-gram of the first run of ``min_run`` consecutive
+    n-grams that each repeat an earlier one (text said again word for word, ``n + min_run - 1`` tokens at least),
+    else of the first n-gram that repeats one; None when none does. ``tokens[:start]`` says everything once: a
+    looping sentence's first time is kept, and a lone phrase that recurs before the loop does not cut it short."""
+    seen, first, run_from, run = set(), None, 0, 0
+    for i in range(len(tokens) - n + 1):
+        gram = tuple(tokens[i : i + n])
+        if gram in seen:
+            run_from, run = (i, 1) if run == 0 else (run_from, run + 1)
+            first = i if first is None else first
+            if run >= min_run:
+                return run_from
+        else:
+            run = 0
+        seen.add(gram)
+    return first
+
+
+__all__ = ["LOOP_NGRAM", "LOOP_SHARE_FLAG", "loop_start", "repeated_ngram_share", "repeated_ngrams"]

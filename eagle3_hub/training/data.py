@@ -1,6 +1,6 @@
 """The recipe's training conversations, assembled: every source read (``sources``) and synthesised prompts, cleaned
-(patterns stripped, lengths bounded, duplicates dropped), shuffled, and answered by the target (``generation``);
-``tokenise`` turns them into training samples.
+(patterns stripped, lengths bounded, duplicates dropped), shuffled, answered by the target (``generation``), and
+answers that loop cut where the loop begins (``cut_loops``); ``tokenise`` turns them into training samples.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ except ModuleNotFoundError as e:
 
 from ..atomic import atomic_write_json
 from ..benchmark.options import SAME_FORWARD
+from ..repetition import LOOP_NGRAM, loop_start, repeated_ngram_share
 from .generation import answer_settings, fitting_draft, regenerate, regeneration_draft, synthesize_prompts
 from .sources import DataError, dedupe, load_source, prompt_key
 
@@ -32,7 +33,7 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
                         synthesize_seed: int | None = None, synthesize_openers: list[str] | None = None,
                         synthesize_batch_size: int = 16, regenerate_with: str = "generate",
                         regenerate_draft: str | None = None, target_name: str | None = None,
-                        answer_sampling: list[dict] | None = None) -> Dataset:
+                        answer_sampling: list[dict] | None = None, max_repeat_share: float | None = None) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
     answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes.
 
@@ -51,7 +52,18 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     ``answer_sampling`` (``data.answer_sampling``): the target answers each prompt at one of these settings (greedy
     or sampled, by ``share``; see ``regenerate``), every setting through the same decoder (sampling by tree
     decoding or the same forward keeps the target's distribution). A sampled answer of a prompt that another
-    source answers too is kept beside it: two answers of one prompt are dropped only when they are the same."""
+    source answers too is kept beside it: two answers of one prompt are dropped only when they are the same.
+
+    A source given as ``{path, kind: text}`` holds documents: opening/continuation samples (``sources.text_samples``),
+    kept as written unless the source says ``regenerate: true`` (then the target continues each opening); two
+    pieces that open alike are both kept.
+
+    ``max_repeat_share`` (``data.max_repeat_share``): see ``cut_loops``, applied to the assembled data, so the caches
+    keep the target's raw answers and another value needs no generation. The answers' loop share, and what was cut
+    or dropped, go to the generation report's ``loops``."""
+    share_ok = isinstance(max_repeat_share, (int, float)) and not isinstance(max_repeat_share, bool)
+    if max_repeat_share is not None and not (share_ok and 0 < max_repeat_share <= 1):
+        raise DataError(f"data.max_repeat_share must be a number in (0, 1] or null, got {max_repeat_share!r}")
     work_dir = Path(work_dir)
     settings = answer_settings(answer_sampling)
     draft_path = regeneration_draft(regenerate_with, regenerate_draft, target_name)
@@ -73,19 +85,23 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
             loaded["draft"] = fitting_draft(draft_path, target, quiet=regenerate_with == "auto" and regenerate_draft is None)
         return loaded["draft"]
 
-    fresh, kept = [], []  # answered by the target here / kept as they are
+    fresh, kept, texts = [], [], []  # answered by the target here / kept as they are / documents kept as they are
     trained_before = set()  # prompt keys of the `eval: false` sources
     for src in sources:
         spec = {"path": src} if isinstance(src, str) else dict(src)
         n = spec.pop("max_samples", None)
-        own = spec.pop("regenerate", None)
+        text = spec.get("kind") == "text"
+        own = spec.pop("regenerate", False if text else None)  # natural text is what it is: not rewritten
         eval_ok = spec.pop("eval", True)
         ds = load_source(spec)
         if n:
             ds = ds.shuffle(seed=seed).select(range(min(n, len(ds))))
         if eval_ok is False:
             trained_before.update(prompt_key(m) for m in ds["messages"])
-        (kept if own is False or (own is None and not regenerate_responses) else fresh).append(ds)
+        if own is False or (own is None and not regenerate_responses):
+            (texts if text else kept).append(ds)
+        else:
+            fresh.append(ds)
     if synthesize:
         sseed = seed if synthesize_seed is None else synthesize_seed
         name = f"synth-seed{sseed}"
@@ -102,7 +118,7 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
             kept.append(synth)
         else:
             fresh.append(synth)
-    if not fresh and not kept:
+    if not fresh and not kept and not texts:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
     patterns = [re.compile(p) for p in strip_patterns or []]
 
@@ -119,12 +135,12 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
         n = sum(len(m["content"]) for m in ex["messages"])
         return min_chars <= n <= max_chars
 
-    def clean(parts: list) -> Dataset:
+    def clean(parts: list, whole: bool = False) -> Dataset:
         ds = concatenate_datasets(parts)
         if patterns:
             ds = ds.map(strip, desc="strip patterns")
         before = len(ds)
-        ds = dedupe(ds.filter(length_ok, desc="length filter")).shuffle(seed=seed).flatten_indices()
+        ds = dedupe(ds.filter(length_ok, desc="length filter"), whole=whole).shuffle(seed=seed).flatten_indices()
         print(f"[data] {before} samples, {len(ds)} after length filter and dedupe")
         return ds
 
@@ -142,24 +158,121 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
                               report=calls.setdefault(f"regen-{key}.jsonl", {})))
     if kept:
         out.append(clean(kept))
-    _record_calls(work_dir / GENERATION_REPORT, calls, setting, draft_path)
     both = any(st.temperature > 0 for st in settings)  # sampled answers of prompts a kept source answers too
-    ds = out[0] if len(out) == 1 else dedupe(concatenate_datasets(out), whole=both).shuffle(seed=seed).flatten_indices()
+    if len(out) > 1:
+        out = [dedupe(concatenate_datasets(out), whole=both).shuffle(seed=seed).flatten_indices()]
+    if texts:  # documents whose pieces open alike (a licence header, "Chapter 1") are still different samples
+        out.append(clean(texts, whole=True))
+    ds = out[0] if len(out) == 1 else concatenate_datasets(out).shuffle(seed=seed).flatten_indices()
+    ds, loops = cut_loops(ds, tokenizer, max_repeat_share, min_chars)
+    _record_calls(work_dir / GENERATION_REPORT, calls, setting, draft_path, loops)
     return ds.add_column("eval_ok", [prompt_key(m) not in trained_before for m in ds["messages"]])
 
 
-def _record_calls(path: Path, calls: dict[str, dict], regenerate_with: str, draft: str | None) -> None:
-    """Append the calls that generated something to the generation report. A rerun from the caches, or data that
-    needed no generation, adds nothing: the report names a decoder only when it wrote something."""
+def cut_loops(ds: Dataset, tokenizer, max_share: float | None, min_chars: int = 1) -> tuple[Dataset, dict]:
+    """Measure every answer's loop share (``repetition.repeated_ngram_share`` of its token ids under ``tokenizer``,
+    the bench's measure) and, with ``max_share``, cut the loops out of the data:
+
+    - an answer whose share is above it is cut where its loop begins (``repetition.loop_start``: the text before
+      it says the looping sentence once) and the turns after it are dropped (they follow the loop);
+    - a sample is dropped when a cut answer keeps fewer than ``LOOP_NGRAM`` tokens (it looped from its start) or
+      the sample falls under ``min_chars``, and when its first user turn loops above ``max_share`` (a synthesised
+      opening that loops: its answer continues that loop, and a cut prompt is not what the target answered).
+
+    The training labels of a cut answer stay the target's: the loss reads the target's own distribution at every
+    position, so only the tokens after the loop's first time leave the data. Returns the data (``ds`` itself when
+    nothing changed) and counts for the generation report."""
+    rows = ds["messages"]
+    where = [(r, t) for r, msgs in enumerate(rows) for t, m in enumerate(msgs)
+             if m["role"] == "assistant" or (max_share is not None and t == _first_user(msgs))]
+    measured = _measure([rows[r][t]["content"] for r, t in where], tokenizer, max_share)
+    by = dict(zip(where, measured))  # (share, tokens, ids, offsets): ids and offsets of the texts to cut only
+    answers = [m for rt, m in by.items() if rows[rt[0]][rt[1]]["role"] == "assistant"]
+    report = {"max_repeat_share": max_share, "answers": len(answers), "loop_share": _pooled_share(answers)}
+    line = f"[data] loops: {len(answers)} answers, {report['loop_share']:.1%} of their {LOOP_NGRAM}-grams repeat"
+    if max_share is None:
+        print(line)
+        return ds, report
+    counts, out, kept_answers = {"cut": 0, "dropped": 0, "dropped_prompts": 0}, [], []
+    for r, msgs in enumerate(rows):
+        first = _first_user(msgs)
+        if first is not None and by[(r, first)][0] > max_share:
+            counts["dropped_prompts"] += 1
+            continue
+        kept, mine, cut = [], [], False
+        for t, m in enumerate(msgs):
+            if m["role"] != "assistant" or by[(r, t)][0] <= max_share:
+                kept.append(m)
+                mine += [by[(r, t)]] if m["role"] == "assistant" else []
+                continue
+            _, _, ids, offsets = by[(r, t)]
+            start, cut = loop_start(ids), True
+            if start < LOOP_NGRAM:
+                kept = []
+                break
+            text = m["content"][: offsets[start][0]] if offsets is not None else tokenizer.decode(ids[:start])
+            kept.append({"role": "assistant", "content": text.rstrip()})
+            mine.append((repeated_ngram_share(ids[:start]), start))
+            break  # later turns follow a looping answer
+        if not kept or sum(len(m["content"]) for m in kept) < min_chars:
+            counts["dropped"] += 1
+            continue
+        counts["cut"] += cut
+        kept_answers += mine
+        out.append(kept)
+    report.update(counts, loop_share_kept=_pooled_share(kept_answers))
+    print(f"{line}; above {max_share}: {counts['cut']} cut where the loop begins, {counts['dropped']} samples dropped "
+          f"(looping from the start), {counts['dropped_prompts']} for a looping prompt; {report['loop_share_kept']:.1%} "
+          "of the kept answers' n-grams repeat")
+    if not any(counts.values()):
+        return ds, report
+    return Dataset.from_list([{"messages": m} for m in out]), report
+
+
+def _measure(texts: list[str], tokenizer, max_share: float | None, chunk: int = 1024) -> list[tuple]:
+    """(loop share, token count, token ids, character offsets) of each text, tokenised ``chunk`` at a time; the ids
+    and offsets are kept for texts above ``max_share`` only (the ones to cut), else None."""
+    offsets = max_share is not None and getattr(tokenizer, "is_fast", False)  # where each token starts in the text
+    out = []
+    for a in range(0, len(texts), chunk):
+        enc = tokenizer(texts[a:a + chunk], add_special_tokens=False, return_offsets_mapping=offsets)
+        for k, ids in enumerate(enc["input_ids"]):
+            share = repeated_ngram_share(ids)
+            above = max_share is not None and share > max_share
+            out.append((share, len(ids), ids if above else None, enc["offset_mapping"][k] if above and offsets else None))
+    return out
+
+
+def _first_user(messages: list[dict]) -> int | None:
+    return next((t for t, m in enumerate(messages) if m["role"] == "user"), None)
+
+
+def _pooled_share(answers: list[tuple]) -> float:
+    """The share of repeated n-grams over answers given as (their share, their token count, ...), each counted within
+    itself (as ``repetition.repeated_ngrams``, from shares already measured)."""
+    counts = [(m[0], m[1] - LOOP_NGRAM + 1) for m in answers if m[1] - LOOP_NGRAM + 1 >= 2]
+    total = sum(n for _, n in counts)
+    return round(sum(round(share * n) for share, n in counts) / total, 4) if total else 0.0
+
+
+def _record_calls(path: Path, calls: dict[str, dict], regenerate_with: str, draft: str | None,
+                  loops: dict | None = None) -> None:
+    """Append the calls that generated something to the generation report, with the assembled data's ``loops``
+    (``cut_loops``). A rerun from the caches, or data that needed no generation, adds no call: the report names a
+    decoder only when it wrote something; it is written for ``loops`` alone only where it exists or a
+    ``max_repeat_share`` cut the data."""
     new = {cache: call for cache, call in calls.items() if call.get("samples")}
-    if not new:
+    if not new and not (loops and (loops["max_repeat_share"] is not None or path.exists())):
         return
     try:
         log = json.loads(path.read_text())
     except (OSError, ValueError):
         log = {}
-    log.update({"regenerate_with": regenerate_with, "draft": draft})
+    if new:
+        log.update({"regenerate_with": regenerate_with, "draft": draft})
     for cache, call in new.items():
         log.setdefault("calls", {}).setdefault(cache, []).append(call)
+    if loops:
+        log["loops"] = loops
     atomic_write_json(path, log)
 

@@ -28,7 +28,9 @@ DEFAULTS: dict = {
         "head_from_target": False,
     },
     "data": {
-        "sources": [],  # Hub ids, presets (sharegpt, ultrachat) or local json/jsonl/parquet, optionally {path, max_samples}
+        # Hub ids, presets (sharegpt, ultrachat) or local json/jsonl/parquet, optionally {path, max_samples}; documents
+        # (natural text: .txt/.md files, records with a `text` field) as {path, kind: text}, each an opening and its rest
+        "sources": [],
         "synthesize": 0,  # Magpie-style prompts written by the target itself
         "synthesize_seed": None,  # seed of those prompts (default: train.seed); another seed gives other prompts
         "synthesize_openers": [],  # words that start the synthesised prompts, in turn (steer the kinds of request)
@@ -46,6 +48,9 @@ DEFAULTS: dict = {
         # answers at the temperatures users sample: a list of {temperature, top_p, share}; each prompt is answered at
         # one of them, drawn by its text and the data seed ({temperature: 0} for greedy answers); [] = `temperature`
         "answer_sampling": [],
+        # answers whose share of repeated 8-grams (token ids, the bench's loop_share) is above this are cut where the
+        # loop begins; null keeps every answer whole. Applied when the data is assembled: the caches keep raw answers
+        "max_repeat_share": None,
         "gen_batch_size": 16,
         "synthesize_batch_size": 16,  # prompts sampled per call; part of the sampling, so a rerun needs the same
         "max_turns": 1,
@@ -114,6 +119,10 @@ def _text(v) -> bool:
     return isinstance(v, str)
 
 
+def _source(v) -> bool:
+    return _text(v) or isinstance(v, dict) and v.get("kind", "chat") in ("chat", "text")
+
+
 # What a recipe value must be where its default does not say it all (a range, or a default of null); every other
 # value must be of its default's kind (true/false, a number, a string, a list). Checked when a recipe is read.
 VALUE_RULES: dict[str, tuple[str, object]] = {
@@ -134,6 +143,10 @@ VALUE_RULES: dict[str, tuple[str, object]] = {
     **{k: ("a non-negative number", lambda v: _number(v) and v >= 0) for k in (
         "data.temperature", "train.lk_eta", "train.weight_decay")},
     "data.max_length": ("an integer >= 4", lambda v: _integer(v) and v >= 4),
+    "data.max_repeat_share": ("a number in (0, 1] or null (e.g. 0.2: answers whose 8-grams repeat more than that are "
+                              "cut where the loop begins)", lambda v: v is None or (_number(v) and 0 < v <= 1)),
+    "data.sources": ("a list of sources, each a path, Hub id or preset, or a mapping {path, ...} whose `kind` is "
+                     "chat (the default) or text", lambda v: isinstance(v, list) and all(_source(s) for s in v)),
     "lora.dropout": ("a number in [0, 1)", lambda v: _number(v) and 0 <= v < 1),
     "train.betas": ("a list of two numbers in [0, 1), like [0.9, 0.95]",
                     lambda v: isinstance(v, list) and len(v) == 2 and all(_number(b) and 0 <= b < 1 for b in v)),

@@ -1,6 +1,10 @@
 """The recipe's data sources, read and normalised: a preset name (``training.presets``), a Hub dataset id or a local
 json/jsonl/parquet file or folder -> a ``Dataset`` of ``{"messages": [{"role": ..., "content": ...}, ...]}``, in
-any of the common chat shapes; and what makes two conversations the same (``prompt_key``, ``dedupe``)."""
+any of the common chat shapes; and what makes two conversations the same (``prompt_key``, ``dedupe``).
+
+A source given as ``{path, kind: text}`` holds documents instead (.txt/.md files, or records with a ``text`` field):
+each becomes samples whose user turn is a short opening and whose answer is the rest of the text (``text_samples``),
+natural text for a base model's draft."""
 
 from __future__ import annotations
 
@@ -27,6 +31,17 @@ _RESPONSE_FIELDS = ("response", "answer", "output", "completion")
 
 class DataError(ValueError):
     """Bad or empty training data: the message says what was expected."""
+
+
+SOURCE_KINDS = ("chat", "text")
+TEXT_SUFFIXES = (".txt", ".md")  # a local `kind: text` source reads each such file as one document
+# A document's sample opens with about this many characters (a sentence or two, ~50 tokens) as the user turn: the
+# rest carries the loss, and an opening gives the draft a start to continue from, as a base model's prompt does.
+TEXT_OPENING_CHARS = 200
+# Longer documents are cut into pieces of at most this many characters, each a sample of its own (~500 tokens of
+# English, within data.max_length's default of 1024; set it near 4 x data.max_length so little is truncated).
+TEXT_MAX_CHARS = 2000
+TEXT_OPTIONS = {"opening_chars": TEXT_OPENING_CHARS, "max_chars": TEXT_MAX_CHARS, "field": "text"}
 
 
 def normalise_example(example: dict) -> dict:
@@ -63,22 +78,93 @@ def source_spec(source: str | dict) -> dict:
     return spec
 
 
+def text_options(spec: dict) -> dict | None:
+    """Pop a source's ``kind`` and the options of a ``kind: text`` source from ``spec``: those options (defaults
+    filled in) for a text source, None for a chat one; one line names a bad value."""
+    kind = spec.pop("kind", "chat")
+    if kind not in SOURCE_KINDS:
+        raise DataError(f"data source {spec.get('path')!r}: kind must be chat (conversations, prompts) or text "
+                        f"(documents), got {kind!r}")
+    given = {k: spec.pop(k) for k in TEXT_OPTIONS if k in spec}
+    if kind == "chat":
+        if given:
+            raise DataError(f"data source {spec.get('path')!r}: {', '.join(given)} belong to documents: add `kind: text`")
+        return None
+    options = {**TEXT_OPTIONS, **given}
+    for key in ("opening_chars", "max_chars"):
+        v = options[key]
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise DataError(f"data source {spec.get('path')!r}: {key} must be a positive integer "
+                            f"(default {TEXT_OPTIONS[key]}), got {v!r}")
+    if not isinstance(options["field"], str):
+        raise DataError(f"data source {spec.get('path')!r}: field must be the name of the records' text field, "
+                        f"got {options['field']!r}")
+    return options
+
+
+def _break(text: str, limit: int) -> tuple[int, int]:
+    """Where a span of at most ``limit`` characters of ``text`` ends, and where the rest starts: at the span's last
+    line break in its second half, else its last space there, else mid-word at ``limit``."""
+    for sep in ("\n", " "):
+        k = text.rfind(sep, limit // 2, limit + 1)
+        if k > 0:
+            return k, k + 1
+    return limit, limit
+
+
+def text_samples(documents, opening_chars: int = TEXT_OPENING_CHARS, max_chars: int = TEXT_MAX_CHARS) -> list[dict]:
+    """Documents -> samples ``{"messages": [user: opening, assistant: the rest]}``: a document longer than
+    ``max_chars`` is cut into pieces (at line breaks where it can), each a sample; a piece opens with at most
+    ``opening_chars`` characters, and at most half of it, ending at a line break or a space. The chat template
+    writes its own separator between the two, in place of the one the cut removes."""
+    out = []
+    for doc in documents:
+        rest = doc.strip() if isinstance(doc, str) else ""
+        while rest:
+            end, start = _break(rest, max_chars) if len(rest) > max_chars else (len(rest), len(rest))
+            piece, rest = rest[:end].rstrip(), rest[start:].lstrip("\n")
+            if len(piece) < 2:
+                continue
+            cut, after = _break(piece, min(opening_chars, len(piece) // 2))
+            opening, continuation = piece[:cut].rstrip(), piece[after:].lstrip("\n")
+            if opening.strip() and continuation.strip():
+                out.append({"messages": [{"role": "user", "content": opening},
+                                         {"role": "assistant", "content": continuation}]})
+    return out
+
+
+def _documents(path: str, files: list[str], records: Dataset | None, field: str) -> list[str]:
+    """The documents of a ``kind: text`` source: each text file whole, then each record's ``field``."""
+    docs = [Path(f).read_text(encoding="utf-8", errors="replace") for f in files if f.endswith(TEXT_SUFFIXES)]
+    if records is not None:
+        if field not in records.column_names:
+            raise DataError(f"{path}: a `kind: text` source reads each record's `{field}` field, but its fields are "
+                            f"{', '.join(records.column_names)}: set `field` to the one that holds the text.")
+        docs += [t for t in records[field] if isinstance(t, str)]
+    return docs
+
+
 def load_source(source: str | dict, split: str = "train", max_samples: int | None = None) -> Dataset:
-    """A Hub dataset id, a preset name, or a local json/jsonl/parquet file or folder -> normalised Dataset."""
+    """A Hub dataset id, a preset name, or a local json/jsonl/parquet file or folder -> normalised Dataset; with
+    ``kind: text``, documents (also .txt/.md files) -> opening/continuation samples (``text_samples``)."""
     spec = source_spec(source)
+    text = text_options(spec)
     path = spec.pop("path")
     split = spec.pop("split", split)
     limit = spec.pop("max_samples", max_samples)
     p = Path(path)
+    suffixes = (".json", ".jsonl", ".parquet") + (TEXT_SUFFIXES if text else ())
+    files: list[str] = []
     try:
         if p.exists():
-            files = sorted(str(f) for f in (p.rglob("*") if p.is_dir() else [p]) if f.suffix in (".json", ".jsonl", ".parquet"))
+            files = sorted(str(f) for f in (p.rglob("*") if p.is_dir() else [p]) if f.suffix in suffixes)
             if not files:
-                raise DataError(f"{path}: no .json, .jsonl or .parquet files")
+                raise DataError(f"{path}: no {', '.join(suffixes[:-1])} or {suffixes[-1]} files")
             if all(os.path.getsize(f) == 0 for f in files):
                 raise DataError(f"{path}: the dataset is empty")
-            kind = "parquet" if files[0].endswith(".parquet") else "json"
-            ds = load_dataset(kind, data_files=files, split="train")
+            records = [f for f in files if not f.endswith(TEXT_SUFFIXES)]
+            kind = "parquet" if records and records[0].endswith(".parquet") else "json"
+            ds = load_dataset(kind, data_files=records, split="train") if records else None
         else:
             ds = load_dataset(path, split=split, **spec)
     except DataError:
@@ -90,6 +176,11 @@ def load_source(source: str | dict, split: str = "train", max_samples: int | Non
             causes.append(f"{type(cause).__name__}: {cause}".strip().rstrip(":"))
             cause = cause.__cause__ or cause.__context__
         raise DataError(f"Could not load the {where} {path!r}: " + " <- ".join(causes)) from e
+    if text is not None:
+        samples = text_samples(_documents(path, files, ds, text["field"]), text["opening_chars"], text["max_chars"])
+        if not samples:
+            raise DataError(f"{path}: no document long enough to split into an opening and a continuation")
+        return Dataset.from_list(samples[:limit] if limit else samples)
     if limit:
         ds = ds.select(range(min(limit, len(ds))))
     if len(ds) == 0:
