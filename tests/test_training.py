@@ -33,19 +33,15 @@ from eagle3_hub.devices import cpu_has_bf16_units
 from eagle3_hub.publish import after_training
 from eagle3_hub.targets import load_target, resolve_target
 from eagle3_hub.training import features as features_module
+from eagle3_hub.training.batching import LengthGroupedBatches, collate
 from eagle3_hub.training.data import build_conversations
 from eagle3_hub.training.features import OfflineFeatures, ShardReader, aux_features, sample_key
 from eagle3_hub.training.presets import PRESETS
 from eagle3_hub.training.recipe import load_recipe, parse_overrides
 from eagle3_hub.training.sources import DataError, load_source, normalise_example, prompt_key, source_spec
+from eagle3_hub.training.splits import held_out_split
 from eagle3_hub.training.tokenise import render_with_mask, tokenize_dataset, user_prefix
-from eagle3_hub.training.train import (
-    LengthGroupedBatches,
-    collate,
-    held_out_split,
-    resolve_mixed_precision,
-    train,
-)
+from eagle3_hub.training.train import resolve_mixed_precision, train
 from eagle3_hub.training.ttt import acceptance_metrics, target_logit_positions, ttt_loss
 from eagle3_hub.training.vocab import coverage_table, remap_draft_vocab, select_draft_vocab, token_counts
 
@@ -366,7 +362,7 @@ def ttt_case(seed: int = 0):
 def test_head_from_target_reproduces_the_target_logits_of_the_draft_vocabulary(arch):
     """draft.head_from_target: lm_head(norm(h)) of the fresh draft = the target's logits of the draft's tokens
     (Gemma's final norm scales by 1 + w, Llama's by w; soft-capping aside)."""
-    from eagle3_hub.training.train import init_head_from_target
+    from eagle3_hub.training.models import init_head_from_target
 
     target = make_tiny_target(arch)
     with torch.no_grad():

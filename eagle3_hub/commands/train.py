@@ -33,7 +33,7 @@ def run(args) -> int:
     from ..hub import HubPushError
     from ..publish import after_training
     from ..training.recipe import parse_overrides
-    from ..training.train import train_recipe
+    from ..training.stages import train_recipe
 
     overrides = parse_overrides([a for a in (args.overrides or []) if a != "--"])
     try:

@@ -244,5 +244,14 @@ def record_run(work: Path, identity: dict) -> str:
     return rid
 
 
-__all__ = ["FINISHED", "RUN_FILE", "STATE_FILE", "claim_work_dir", "latest_checkpoint", "move_aside", "prune", "read_state",
-           "record_run", "recover", "run_id", "run_identity", "save_checkpoint", "swap_in", "whole_checkpoints"]
+def finished_run(recipe: dict) -> bool:
+    """Whether this recipe's run completed in its work_dir (a finished run of another recipe does not count)."""
+    try:
+        done = json.loads((Path(recipe["work_dir"]) / FINISHED).read_text())
+    except (OSError, ValueError):
+        return False
+    return done.get("run_id", None) in (None, run_id(run_identity(recipe)))  # None: written before run ids
+
+
+__all__ = ["FINISHED", "RUN_FILE", "STATE_FILE", "claim_work_dir", "finished_run", "latest_checkpoint", "move_aside", "prune",
+           "read_state", "record_run", "recover", "run_id", "run_identity", "save_checkpoint", "swap_in", "whole_checkpoints"]

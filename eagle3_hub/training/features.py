@@ -28,7 +28,7 @@ except ModuleNotFoundError as e:
     raise missing_extra("train", e) from None
 
 from ..atomic import atomic_path, atomic_write_json
-from .ttt import TargetScores
+from .ttt import TargetScores, draft_token_ids, target_logit_positions
 
 
 @torch.no_grad()
@@ -267,3 +267,24 @@ class OfflineFeatures:
         logits = target_logits(self.target, last.to(device), None if logits_at is None else logits_at.to(device),
                                draft_ids)
         return aux.to(device), logits
+
+
+class TrainingFeatures:
+    """The target's side of a training batch, ``features(batch, draft)`` -> (aux features, target logits): read from
+    the offline cache (``features.mode: offline``, built here once), or a target forward per batch (online)."""
+
+    def __init__(self, recipe: dict, target, aux_layer_ids, datasets, pad_id: int, accelerator):
+        self.target, self.aux_layer_ids = target, aux_layer_ids
+        self.offline = None
+        if recipe["features"]["mode"] == "offline":
+            self.offline = OfflineFeatures(recipe, target, aux_layer_ids, accelerator)
+            self.offline.build(datasets, pad_id)
+
+    def __call__(self, batch, draft):
+        # the loss reads the target's logits over the draft vocabulary, and of the rest only argmax and log-sum-exp
+        at = target_logit_positions(batch["loss_mask"].bool() & batch["attention_mask"].bool())
+        ids = draft_token_ids(draft)
+        if self.offline is not None:
+            return self.offline.load(batch, logits_at=at, draft_ids=ids)
+        return aux_features(self.target, batch["input_ids"], batch["attention_mask"], self.aux_layer_ids,
+                            logits_at=at, draft_ids=ids)

@@ -193,6 +193,13 @@ def ttt_loss(
     )
 
 
+def objective(draft, aux, batch, logits, t: dict, temperatures: tuple[float, ...] = ()) -> TTTOutput:
+    """The TTT loss of a collated batch with the recipe's ``train`` settings ``t``."""
+    return ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
+                    ttt_steps=t["ttt_steps"], step_weight=t["step_weight"], loss=t["loss"], lk_eta=t["lk_eta"],
+                    temperatures=temperatures)
+
+
 def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, step_alpha=None, chain_alpha=None,
                        chain_alpha_at=None, temperatures: tuple[float, ...] = ()) -> dict:
     """Per-position accuracy vs the target's argmax and the expected acceptance length of a chain

@@ -1,8 +1,14 @@
-"""The draft vocabulary: the ``draft_vocab_size`` most frequent target tokens among loss tokens."""
+"""The draft vocabulary: the ``draft_vocab_size`` most frequent target tokens among loss tokens (``vocab.json`` in
+work_dir), or the vocabulary of the draft that training continues."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import torch
+
+from ..atomic import atomic_write_json
 
 
 def token_counts(dataset, vocab_size: int) -> torch.Tensor:
@@ -72,3 +78,36 @@ def remap_draft_vocab(draft, target_ids: torch.Tensor, target_head: torch.Tensor
     draft.d2t = torch.zeros(new_ids.numel(), dtype=torch.long, device=draft.d2t.device)  # a buffer: resized, then set
     draft.set_vocab_mapping(new_ids)
     return {"carried_over": int(shared.sum()), "new": int((~shared).sum()), "dropped": int(old_ids.numel() - shared.sum())}
+
+
+def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids: torch.Tensor | None = None,
+                  reselect: bool = False, write: bool = True) -> tuple[torch.Tensor, dict]:
+    """The draft vocabulary (``vocab.json`` in work_dir): the most frequent loss tokens, or ``draft_ids`` (the
+    target ids of an existing draft's vocabulary, ``draft.init_from``), with the coverage either achieves.
+    ``reselect``: choose anew from this data although there is a draft (``draft.reselect_vocab``); its tokens win
+    ties, and its size is the default."""
+    path = Path(recipe["work_dir"]) / "vocab.json"
+    keep = draft_ids is not None and not reselect
+    size = recipe["draft"]["draft_vocab_size"] or vocab_size
+    if draft_ids is not None and (keep or recipe["draft"]["draft_vocab_size"] is None):
+        size = len(draft_ids)
+    data = getattr(train_ds, "_fingerprint", None)
+    if path.exists() and not keep:
+        saved = json.loads(path.read_text())
+        if saved["draft_vocab_size"] == size and saved.get("data", data) == data and not saved.get("from_draft"):
+            return torch.tensor(saved["target_ids"]), saved
+    counts = token_counts(train_ds, vocab_size)
+    old = torch.as_tensor(draft_ids).cpu() if draft_ids is not None else None
+    old_coverage = counts[old].sum().item() / max(1, counts.sum().item()) if old is not None else None
+    if keep:
+        ids, coverage = old, old_coverage
+    else:
+        ids, coverage = select_draft_vocab(counts, size, always_include=[tokenizer.eos_token_id], prefer=old)
+    info = {"draft_vocab_size": size, "coverage": coverage, "coverage_by_size": coverage_table(counts),
+            "loss_tokens": int(counts.sum()), "from_draft": keep, "data": data, "target_ids": ids.tolist()}
+    if reselect and old is not None:
+        info["init_from_coverage"] = old_coverage
+    if write:  # every process computes the same selection; one writes it
+        atomic_write_json(path, info)
+        print(f"[vocab] {size} tokens cover {coverage:.2%} of {int(counts.sum())} loss tokens")
+    return ids, info

@@ -120,7 +120,8 @@ def _link_shared_data(run: dict, out: Path) -> None:
 def run_all(runs: list[dict], out: str | Path, train_fn=None, log=print) -> list[dict]:
     """Train every run (each resumes its own checkpoints; a finished one is read back) and collect its held-out
     metrics at step 0 (the init draft) and at the last step."""
-    from ..train import finished_run, train
+    from ..checkpoints import finished_run
+    from ..train import train
 
     train_fn = train_fn or train
     out = Path(out)

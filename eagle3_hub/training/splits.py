@@ -1,0 +1,90 @@
+"""The tokenised train and held-out splits of a recipe's data, built once in work_dir/data (with ``data_report.json``)
+and reused while the data settings, the seed and the target stay the same."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+from ..extras import missing_extra
+
+try:
+    from datasets import Dataset, DatasetDict, load_from_disk
+except ModuleNotFoundError as e:
+    raise missing_extra("train", e) from None
+
+from ..atomic import atomic_dir, atomic_write_json
+from .data import GENERATION_REPORT, build_conversations
+from .sources import DataError
+from .tokenise import tokenize_dataset
+
+
+def data_key(recipe: dict, tokenizer) -> dict:
+    """What the tokenised data depends on: a different key rebuilds it (the `datasets` cache keeps reruns cheap)."""
+    target = {k: v for k, v in recipe["target"].items() if k != "dtype"}
+    data = {k: v for k, v in recipe["data"].items()
+            if not (k == "seed" and v is None) and k not in ("regenerate_with", "regenerate_draft")}
+    return {"data": data, "seed": data_seed(recipe), "target": target,
+            "tokenizer": getattr(tokenizer, "name_or_path", None)}
+
+
+def held_out_split(tok: Dataset, eval_samples: int, seed: int) -> DatasetDict:
+    """Train/held-out split: ``eval_samples`` (at most a tenth of the data, at least one), drawn from the samples
+    whose ``eval_ok`` is true only (the others come from `eval: false` sources, which an earlier stage trained on)."""
+    n_eval = min(eval_samples, max(1, len(tok) // 10))
+    flags = tok["eval_ok"] if "eval_ok" in tok.column_names else [True] * len(tok)
+    eligible = [i for i, ok in enumerate(flags) if ok]
+    if len(eligible) == len(tok):
+        split = tok.train_test_split(test_size=n_eval, seed=seed)
+    elif not eligible:
+        raise DataError("Every data source is marked `eval: false`: leave at least one source (or `data.synthesize`) "
+                        "without it, so that the held-out split has samples no stage trained on.")
+    else:
+        held = set(random.Random(seed).sample(eligible, min(n_eval, len(eligible))))
+        split = DatasetDict(train=tok.select([i for i in range(len(tok)) if i not in held]), test=tok.select(sorted(held)))
+    return split.remove_columns([c for c in ("eval_ok",) if c in tok.column_names])
+
+
+def data_seed(recipe: dict) -> int:
+    """The seed of the data's order and held-out split: ``data.seed``, else ``train.seed``."""
+    return recipe["train"]["seed"] if recipe["data"]["seed"] is None else recipe["data"]["seed"]
+
+
+def prepare_data(recipe: dict, target, tokenizer, accelerator):
+    """Conversations -> tokenised train/eval splits, saved under work_dir/data (reruns reuse them)."""
+    work = Path(recipe["work_dir"]) / "data"
+    final = work / "tokenized"
+    key_path = work / "data_key.json"
+    d = recipe["data"]
+    key = json.loads(json.dumps(data_key(recipe, tokenizer)))
+    # a folder written before data_key.json existed is reused as is
+    stale = key_path.exists() and json.loads(key_path.read_text()) != key
+    if accelerator.is_main_process and (stale or not (final / "dataset_dict.json").exists()):
+        if stale:
+            print(f"[data] the data settings changed since {final} was written: rebuilding it")
+        convs = build_conversations(
+            d["sources"], target, tokenizer, work, seed=data_seed(recipe), synthesize=d["synthesize"],
+            regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
+            batch_size=d["gen_batch_size"], max_turns=d["max_turns"], strip_patterns=d["strip_patterns"],
+            synthesize_seed=d["synthesize_seed"], synthesize_openers=d["synthesize_openers"],
+            synthesize_batch_size=d["synthesize_batch_size"], regenerate_with=d["regenerate_with"],
+            regenerate_draft=d["regenerate_draft"], target_name=recipe["target"]["name"],
+            answer_sampling=d["answer_sampling"],
+        )
+        tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
+        if len(tok) < 2:
+            raise DataError(f"Only {len(tok)} usable sample(s) ({report}): training needs at least 2 (train + held-out).")
+        tok = tok.add_column("index", list(range(len(tok))))
+        split = held_out_split(tok, d["eval_samples"], data_seed(recipe))
+        with atomic_dir(final) as tmp:
+            split.save_to_disk(str(tmp))
+        report["eval_candidates"] = sum(tok["eval_ok"])  # samples of no `eval: false` source
+        if (work / GENERATION_REPORT).exists():  # which decoder wrote the answers, and how fast
+            report["generation"] = json.loads((work / GENERATION_REPORT).read_text())
+        atomic_write_json(work / "data_report.json", {**report, "train": len(split["train"]), "eval": len(split["test"])})
+        atomic_write_json(key_path, key)
+        print(f"[data] {report}; train {len(split['train'])}, eval {len(split['test'])}")
+    accelerator.wait_for_everyone()
+    split = load_from_disk(str(final))
+    return split["train"], split["test"]
