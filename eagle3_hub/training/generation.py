@@ -176,8 +176,11 @@ def generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_t
                                         pad_token_id=tokenizer.pad_token_id, generator=generator)
         stats, forwards = None, sf.target_forwards
     else:  # sampling draws from the same distribution as generate (with other draws for the same seed)
+        # a fixed tree: the run-time controller picks shapes from measured times, and a sampled batch's draws
+        # depend on the shapes, so a seed would not write the same text again (nor a resumed run the same data)
         res = generate(target, draft, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=max_new_tokens,
-                       do_sample=sample, temperature=temperature if sample else 1.0, top_p=top_p if sample else 1.0)
+                       do_sample=sample, temperature=temperature if sample else 1.0, top_p=top_p if sample else 1.0,
+                       adaptive=False)
         out, stats = res.sequences, res.stats
         forwards = stats.target_forwards
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
