@@ -117,3 +117,20 @@ def test_max_repeat_share_is_off_by_default_and_takes_numbers_up_to_one():
     assert load_recipe()["data"]["max_repeat_share"] is None
     assert load_recipe(None, {"data": {"max_repeat_share": 1}})["data"]["max_repeat_share"] == 1
     assert load_recipe(None, {"data": {"max_repeat_share": 0.2}})["data"]["max_repeat_share"] == 0.2
+
+
+def test_a_recipe_threshold_reaches_the_training_data(tmp_path, tiny_target_dir, data_dir):
+    """`eagle3-hub train` passes data.max_repeat_share to the data it builds: the run's metrics count the cut."""
+    from training_helpers import recipe_for
+
+    from eagle3_hub.training.train import train
+
+    sources = [data_dir / "prompts.json", {"path": str(data_dir / "sharegpt.jsonl"), "max_samples": 10}]
+    recipe = recipe_for(tmp_path, tiny_target_dir, sources,
+                        data={"max_new_tokens": 48, "regenerate_with": "same_forward", "max_repeat_share": 0.15,
+                              "max_length": 96},
+                        train={"max_steps": 2, "save_every": 2, "eval_every": 2})
+    train(recipe)
+    metrics = json.loads((tmp_path / "work" / "draft" / "training_metrics.json").read_text())
+    loops = metrics["data"]["generation"]["loops"]
+    assert loops["max_repeat_share"] == 0.15 and loops["cut"] + loops["dropped"] >= 1

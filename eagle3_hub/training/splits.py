@@ -70,7 +70,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator):
             synthesize_seed=d["synthesize_seed"], synthesize_openers=d["synthesize_openers"],
             synthesize_batch_size=d["synthesize_batch_size"], regenerate_with=d["regenerate_with"],
             regenerate_draft=d["regenerate_draft"], target_name=recipe["target"]["name"],
-            answer_sampling=d["answer_sampling"],
+            answer_sampling=d["answer_sampling"], max_repeat_share=d["max_repeat_share"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
         if len(tok) < 2:
