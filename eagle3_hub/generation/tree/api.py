@@ -19,6 +19,7 @@ from .config import TreeConfig
 from .decode import TreeDecoder
 from .oracle import TargetProposer
 from .outputs import TreeDecodingOutput, TreeDecodingStats
+from .paused_hooks import PausedFeatureHooks
 
 
 def generate(
@@ -202,7 +203,7 @@ def _run(target, draft, input_ids, attention_mask, config: TreeConfig, processin
     target.eval()
     draft.eval()
     try:
-        with _PausedFeatureHooks(draft), torch.inference_mode(), attention_kernels(weight.device):
+        with PausedFeatureHooks(draft), torch.inference_mode(), attention_kernels(weight.device):
             rows = decoder.run(input_ids, attention_mask)
     finally:
         target.train(was_training[0])
@@ -386,23 +387,3 @@ def _read_draft(repo: str, target, revision: str | None, trust_remote_code: bool
             "AutoModel.from_pretrained(repo, trust_remote_code=True) and pass the model as draft=."
         )
     return draft.to(weight.device).eval().requires_grad_(False)
-
-
-class _PausedFeatureHooks:
-    """A bound draft (``draft.bind(target)``) captures target features on every target forward for assisted
-    generation; tree decoding reads ``output_hidden_states`` instead, so the hooks are removed meanwhile."""
-
-    def __init__(self, draft):
-        self.draft = draft
-        self.target = None
-
-    def __enter__(self):
-        if getattr(self.draft, "_hook_handles", None) and hasattr(self.draft, "unbind"):
-            self.target = getattr(self.draft, "target", None)
-            self.draft.unbind(keep_target=True)
-        return self
-
-    def __exit__(self, *exc):
-        if self.target is not None and hasattr(self.draft, "_register_feature_hooks"):
-            self.draft._register_feature_hooks(self.target)
-        return False

@@ -26,6 +26,7 @@ import torch
 from .config import TreeConfig
 from .drafting import Drafter
 from .outputs import PhaseClock, TreeDecodingStats
+from .paused_hooks import PausedFeatureHooks
 from .verification import Tree, Verifier
 
 COSTS_FORMAT = 1  # bump when what is measured changes: older files are measured again
@@ -210,11 +211,9 @@ def cost_file(key: str) -> Path:
 def profile(target, draft, rows: int = 1, do_sample: bool = False) -> StepCosts:
     """The cost table a default (adaptive) run of ``rows`` rows uses on this machine: from the cache, else measured
     now and saved (``eagle3-hub bench --profile`` prints it)."""
-    from .api import _PausedFeatureHooks  # (api imports the decoder, which imports this module)
-
     weight = target.get_input_embeddings().weight
     config = TreeConfig().resolve(weight.device, weight.dtype, do_sample, draft.config.draft_vocab_size, batch=rows)
-    with _PausedFeatureHooks(draft):  # as in a run: hooks of assisted generation would tax every target forward
+    with PausedFeatureHooks(draft):  # as in a run: hooks of assisted generation would tax every target forward
         return step_costs(target, draft, config, rows, config.total_tokens + config.lookup_tokens + 1)
 
 
