@@ -162,23 +162,31 @@ def engine_native(config: dict) -> bool:
 # ----------------------------------------------------------------------------------------- sections
 def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> str:
     from .benchmark.machine import describe_machine
-    from .benchmark.report import acceptance_text, lossless_text, row_sort_key
+    from .benchmark.report import acceptance_text, loop_text, lossless_text, row_sort_key
 
-    rows = [r for r in bench["results"] if r["mode"] == "greedy"] or bench["results"]
+    # every mode the run measured (a base model's greedy text loops: its sampled rows are the ones users get)
+    rows = [r for r in bench["results"] if not r["method"].startswith("oracle")] or bench["results"]
+    batch = min(r.get("batch", 1) for r in rows)
+    rows = [r for r in rows if r.get("batch", 1) == batch]
     suites = {r["suite"] for r in rows}
     if len(suites) == 2:
         rows = [r for r in rows if r["suite"] != "_all"]
     rows.sort(key=row_sort_key)
+    modes = list(dict.fromkeys(r["mode"] for r in rows))
     lossless = bench.get("lossless", {})
     with_same = any(r.get("speedup_same_forward") is not None for r in rows)  # the run had the second baseline
+    with_loops = any(r.get("loop_share") is not None for r in rows)
     lines = [
-        "| Suite | Method | Tokens/s | Speed-up" + (" | vs same forward" if with_same else "")
-        + " | Mean acceptance length | Accepted at draft position 1/2/3 | Same output as plain greedy |",
-        "|---|---|---|---|---|---|---|" + ("---|" if with_same else ""),
+        "| Suite | " + ("Mode | " if len(modes) > 1 else "") + "Method | Tokens/s | Speed-up"
+        + (" | vs same forward" if with_same else "")
+        + " | Mean acceptance length | Accepted at draft position 1/2/3 | Same output as plain greedy"
+        + (" | Loop share" if with_loops else "") + " |",
+        "|---|---|---|---|---|---|---|" + ("---|" if with_same else "") + ("---|" if len(modes) > 1 else "")
+        + ("---|" if with_loops else ""),
     ]
     for r in rows:
         e = lossless.get(r["method"])
-        same = "–" if r["method"] == "plain" or e is None else lossless_text(e, r["suite"])
+        same = "–" if r["method"] == "plain" or e is None or r["mode"] != "greedy" else lossless_text(e, r["suite"])
         speed = "–" if r["speedup"] is None else f"{r['speedup']:.2f}×"
         if with_same:
             alone = r.get("speedup_same_forward")
@@ -186,20 +194,25 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
         tps = "–" if r["tokens_per_s"] is None else f"{r['tokens_per_s']:.1f}"
         tau = "–" if r["mean_acceptance_length"] is None else f"{r['mean_acceptance_length']:.2f}"
         suite = "all suites" if r["suite"] == "_all" else r["suite"]
-        lines.append(f"| {suite} | {r['method']} | {tps} | {speed} | {tau} | {acceptance_text(r['acceptance_by_position'], 3)} | {same} |")
+        mode_cell = f"{r['mode']} | " if len(modes) > 1 else ""
+        loops = f" | {loop_text(r.get('loop_share'))}" if with_loops else ""
+        lines.append(f"| {suite} | {mode_cell}{r['method']} | {tps} | {speed} | {tau} | "
+                     f"{acceptance_text(r['acceptance_by_position'], 3)} | {same}{loops} |")
     s = bench["settings"]
     suites_text = ", ".join(f"{x['name']} ({x['questions']} questions)" for x in s["suites"])
-    mode = rows[0]["mode"] if rows else "greedy"
+    mode = " and ".join(modes) if modes else "greedy"
     out = [
         "## Benchmark",
         "",
         f"Measured with `eagle3-hub bench` on **{describe_machine(bench['machine'])}** ({bench.get('created', '')[:10]}): "
-        f"{suites_text}, batch size 1, {mode} decoding, at most {s['max_new_tokens']} new tokens per turn. Speed-up is "
+        f"{suites_text}, batch size {batch}, {mode} decoding, at most {s['max_new_tokens']} new tokens per turn. Speed-up is "
         "over plain `target.generate` in the same run (methods interleaved per question). *plain*: no speculation; "
         "*lookup*: transformers prompt-lookup decoding; *assisted*: this draft as `assistant_model`; *tree*: EAGLE-3 "
         "tree decoding; *vs same forward*: speed-up over plain decoding through the target forward tree decoding "
         "verifies with (*same_forward*), what speculation alone buys. Mean acceptance length = tokens committed per "
-        "target forward.",
+        "target forward."
+        + (" Loop share: the share of each output's 8-grams that repeat an earlier one; LOOPS marks rows whose "
+           "outputs loop, where a speed-up measures copying the loop, not drafting." if with_loops else ""),
         "",
         *lines,
         "",
