@@ -20,7 +20,7 @@ py=$(command -v python3 || command -v python)
 } >"$out/env.txt" 2>&1
 cat "$out/env.txt"
 if [ "$device" = cuda ]; then
-  timeout 240 "$py" -m pytest -q -p no:cacheprovider tests -k cuda -rA \
+  timeout 240 "$py" -m pytest -q -p no:cacheprovider tests -k cuda -rfEp \
     >"$out/pytest_cuda.log" 2>&1
   tail -12 "$out/pytest_cuda.log"
 fi
