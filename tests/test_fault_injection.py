@@ -349,3 +349,72 @@ def test_a_push_that_fails_at_any_local_step_keeps_the_folder(tmp_path, monkeypa
                 assert now.get(name) == data, (step, name)
             assert set(now) <= set(after) and now.get("README.md") in (None, after.get("README.md")), step
             assert litter(folder) == [], step
+
+
+# ---------------------------------------------------------------------------------------------- training checkpoints
+
+
+def test_a_checkpoint_write_survives_a_fault_at_every_step(tmp_path, monkeypatch):
+    """A run saves step 3 beside its steps 1 and 2 (it keeps 2) and another run's step 9. Whatever step of the save
+    fails or is killed, after `recover` (what a resumed run does first) every checkpoint there is whole, the newest
+    is step 2 as it was or step 3 as written, step 2 is untouched, and the other run's checkpoint too."""
+    import torch
+    from accelerate import Accelerator
+
+    from eagle3_hub.training.checkpoints import latest_checkpoint, read_state, recover, save_checkpoint
+
+    accelerator = Accelerator(cpu=True)
+    model = torch.nn.Linear(4, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    root = tmp_path / "checkpoints"
+
+    def save(step, rid="run"):
+        with torch.no_grad():
+            model.weight.fill_(step)
+        save_checkpoint(accelerator, root, step, {"step": step}, keep=2, rid=rid)
+
+    save(9, rid="other")
+    save(1)
+    save(2)
+    pristine = tmp_path / "pristine"
+    shutil.copytree(root, pristine)
+    before = snapshot(root)
+    complete = tmp_path / "complete"  # what an uninterrupted save of step 3 leaves
+    shutil.copytree(pristine, complete)
+
+    def finish():
+        save_checkpoint(accelerator, complete, 3, {"step": 3}, keep=2, rid="run")
+
+    with torch.no_grad():
+        model.weight.fill_(3)
+    finish()
+    after = snapshot(complete)
+
+    def reset():
+        shutil.rmtree(root)
+        shutil.copytree(pristine, root)
+
+    steps = count_steps(monkeypatch, lambda: save(3))
+    assert steps >= 4
+    for step in range(1, steps + 1):
+        for kill in (False, True):
+            reset()
+            if kill:
+                run_killed_at(step, lambda: save(3))
+            else:
+                run_failing_at(monkeypatch, step, lambda: save(3))
+            recover(root)
+            now = snapshot(root)
+            assert not litter(root) and not list(root.glob(".*")), (step, kill, sorted(now))
+            for ckpt in root.iterdir():
+                assert read_state(ckpt) is not None, (step, kill, ckpt.name)  # every checkpoint left is whole
+            newest = latest_checkpoint(root, "run")
+            assert newest is not None and newest.name in ("step-2", "step-3"), (step, kill)
+            for name, data in before.items():
+                if name.startswith(("step-2/", "step-9/")) or newest.name == "step-2":
+                    assert now.get(name) == data, (step, kill, name)  # untouched until step 3 is whole
+            if newest.name == "step-3":
+                for name, data in after.items():
+                    if name.startswith("step-3/") and not name.endswith(".pkl"):  # RNG states differ per call
+                        assert now.get(name) == data, (step, kill, name)
