@@ -100,3 +100,14 @@ def tiny_target_dir(tmp_path_factory, smollm2_tokenizer):
 def data_dir(tmp_path_factory):
     """Local files in the shapes of the training presets and the common chat formats."""
     return write_data_files(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture
+def own_accelerator_state():
+    """For a test that builds its own ``Accelerator``: accelerate's state is global to the process and refuses a
+    later ``Accelerator`` with another mixed precision (training runs pick bf16 on CPUs with bf16 units), so it is
+    reset after the test."""
+    yield
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state(reset_partial_state=True)

@@ -354,7 +354,7 @@ def test_a_push_that_fails_at_any_local_step_keeps_the_folder(tmp_path, monkeypa
 # ---------------------------------------------------------------------------------------------- training checkpoints
 
 
-def test_a_checkpoint_write_survives_a_fault_at_every_step(tmp_path, monkeypatch):
+def test_a_checkpoint_write_survives_a_fault_at_every_step(tmp_path, monkeypatch, own_accelerator_state):
     """A run saves step 3 beside its steps 1 and 2 (it keeps 2) and another run's step 9. Whatever step of the save
     fails or is killed, after `recover` (what a resumed run does first) every checkpoint there is whole, the newest
     is step 2 as it was or step 3 as written, step 2 is untouched, and the other run's checkpoint too."""

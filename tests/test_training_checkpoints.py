@@ -111,7 +111,8 @@ def check_whole(ckpt: Path) -> str:
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["before", "half-deleted"])
-def test_a_kill_at_any_step_of_a_checkpoint_save_leaves_a_whole_old_or_new_checkpoint(tmp_path, monkeypatch, partial):
+def test_a_kill_at_any_step_of_a_checkpoint_save_leaves_a_whole_old_or_new_checkpoint(tmp_path, monkeypatch, partial,
+                                                                                   own_accelerator_state):
     """Replacing step-5 (which exists, e.g. written by an earlier attempt) and pruning step-3, killed before each
     rename, delete and write in turn (``half-deleted``: a delete killed after removing all but the state file);
     the next start's ``recover`` then leaves step-5 whole (old or new), and no temporary folder."""
