@@ -104,10 +104,11 @@ def data_dir(tmp_path_factory):
 
 @pytest.fixture
 def own_accelerator_state():
-    """For a test that builds its own ``Accelerator``: accelerate's state is global to the process and refuses a
-    later ``Accelerator`` with another mixed precision (training runs pick bf16 on CPUs with bf16 units), so it is
-    reset after the test."""
-    yield
+    """For a test whose ``Accelerator`` may differ from the other tests' (its own, or a training run at another mixed
+    precision): accelerate's state is global to the process and refuses a later ``Accelerator`` with another mixed
+    precision (training runs pick bf16 on CPUs with bf16 units), so it is reset before and after the test."""
     from accelerate.state import AcceleratorState
 
+    AcceleratorState._reset_state(reset_partial_state=True)
+    yield
     AcceleratorState._reset_state(reset_partial_state=True)

@@ -57,7 +57,8 @@ def eval_losses(recipe: dict) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
-def test_fsdp_on_two_processes_matches_one_process_and_resumes_after_a_kill(tmp_path, tiny_target_dir, data_dir):
+def test_fsdp_on_two_processes_matches_one_process_and_resumes_after_a_kill(tmp_path, tiny_target_dir, data_dir,
+                                                                          own_accelerator_state):
     sources = [data_dir / "sharegpt.jsonl"]
     one = recipe_for(tmp_path / "one", tiny_target_dir, sources, train={**COMMON, "grad_accum": 2})
     two = recipe_for(tmp_path / "two", tiny_target_dir, sources, train={**COMMON, "grad_accum": 1})
