@@ -24,7 +24,7 @@ from transformers import LogitsProcessorList
 from transformers.generation import logits_process as _lp
 
 from .fast_paths import argmax
-from .nucleus import SPARSE_LIMIT, Nucleus, draw
+from .nucleus import SPARSE_LIMIT, Nucleus, draw, scattered
 from .verification import Tree
 
 # logits processors that look at the scores only (not at the tokens so far): applied to all tree nodes at once
@@ -108,7 +108,7 @@ class Processing:
             idx, p = self.nucleus(raw)
             if idx.shape[1] <= SPARSE_LIMIT:
                 return idx, p
-            return None, torch.zeros_like(raw, dtype=p.dtype).scatter_(1, idx, p)
+            return None, scattered(idx, p, raw)
         return None, torch.softmax(self(raw.float(), prefixes), dim=-1)
 
 

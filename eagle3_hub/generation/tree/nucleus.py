@@ -89,8 +89,12 @@ class Nucleus:
 
     def dense(self, scores: torch.Tensor) -> torch.Tensor:
         """(n, V) probabilities of the processed distribution."""
-        idx, p = self(scores)
-        return torch.zeros_like(scores, dtype=p.dtype).scatter_(1, idx, p)
+        return scattered(*self(scores), scores)
+
+
+def scattered(idx: torch.Tensor, p: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """A support (n, K) and its probabilities (n, K) spread over the vocabulary of ``like`` (n, V)."""
+    return torch.zeros_like(like, dtype=p.dtype).scatter_(1, idx, p)
 
 
 def draw(idx: torch.Tensor, p: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
