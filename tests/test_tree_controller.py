@@ -286,6 +286,65 @@ def test_the_residual_is_the_median_of_recent_steps():
     assert c.choose([0]).depth == 0
 
 
+def test_steps_much_faster_than_the_table_make_it_stale():
+    """A table measured on a busier machine: the run's steps take a fraction of what it says. Slower steps (this run
+    shares the machine) never make a table stale: noise only adds time."""
+    costs = synthetic(lambda r, s: 0.01 + 1e-4 * s, draft_read=1e-3, draft_level=1e-3)
+    shape = TreeController(CONFIG, costs, rows=1).shape(4)
+    modelled = TreeController(CONFIG, costs, rows=1).step_seconds(1, 4)
+    slow, fast = TreeController(CONFIG, costs, rows=1), TreeController(CONFIG, costs, rows=1)
+    for i in range(20):
+        slow.observe([0], shape, [1], 3.0 * modelled)
+        fast.observe([0], shape, [1], 0.2 * modelled if i % 4 else 5 * modelled)  # one slow step in four
+        assert not fast.stale or i + 1 >= 9  # not before a median of RESIDUAL_STEPS steps
+    assert fast.stale and not slow.stale
+    plain = TreeController(CONFIG, costs, rows=1)  # steps without a tree count as well
+    for _ in range(9):
+        plain.observe([0], plain.shape(0), [], 0.1 * plain.step_seconds(1, 0))
+    assert plain.stale
+    fresh = synthetic(lambda r, s: 0.002 + 2e-5 * s, draft_read=2e-4, draft_level=2e-4)
+    fast.replace_costs(fresh)
+    assert fast.costs is fresh and not fast.stale and fast.residual == {True: 0.0, False: 0.0}
+    assert fast.alpha[0, 0] > 0.99 and fast.alpha[0, 1] < 0.01  # what was learnt about acceptance stays
+
+
+def _scaled_table_on_disk(target, draft, config, rows, slots, factor):
+    """Measure the table, write it to the cache with every time multiplied by ``factor``, forget the memo."""
+    costs = step_costs(target, draft, config, rows, slots)
+    data = costs.to_json()
+    data["verify"] = {r: {s: t * factor for s, t in by.items()} for r, by in data["verify"].items()}
+    for part in ("draft_read", "draft_level"):
+        data[part] = {r: t * factor for r, t in data[part].items()}
+    costs_mod.cost_file(costs.key).write_text(json.dumps(data))
+    costs_mod._memo.clear()
+    return costs.key
+
+
+@pytest.mark.parametrize("factor", [1000.0, 0.001])
+def test_a_cached_table_slower_than_the_run_is_measured_again(factor):
+    """A cached table 1000x too slow (measured beside other work) is measured again during the run and replaced on
+    disk, with the output still plain greedy's; a table faster than the run is kept."""
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    ids = prompt(seed=3)
+    ref = plain_greedy(target, ids, 48)
+    tree = {"depth": 3, "tree_top_k": 4, "total_tokens": 8, "adaptive": True}
+    config = TreeConfig(**tree).resolve(torch.device("cpu"), torch.float32, False, draft.config.draft_vocab_size)
+    key = _scaled_table_on_disk(target, draft, config, 1, config.total_tokens + config.lookup_tokens + 1, factor)
+    cached = json.loads(costs_mod.cost_file(key).read_text())
+    out = generate(target, draft, ids, max_new_tokens=48, eos_token_id=[], **tree)
+    assert torch.equal(out.sequences, ref)
+    on_disk = json.loads(costs_mod.cost_file(key).read_text())
+    assert out.stats.costs_measured_again is (factor > 1)
+    if factor > 1:
+        assert on_disk["verify"]["1"]["1"] < cached["verify"]["1"]["1"] / 10 and costs_mod._memo[key].fresh
+        assert "measured again" in str(out.stats)
+        again = generate(target, draft, ids, max_new_tokens=48, eos_token_id=[], **tree)  # the new table holds
+        assert not again.stats.costs_measured_again and torch.equal(again.sequences, ref)
+    else:
+        assert on_disk == cached
+
+
 def test_nodes_shrink_with_the_depth():
     assert [nodes_at(CONFIG, d) for d in range(5)] == [0, 3, 6, 9, 12]
     small = TreeConfig(depth=5, tree_top_k=3, total_tokens=2)

@@ -16,6 +16,10 @@ count is the step's for every row (one rectangular verification).
 While no tree is drafted nothing is learnt about acceptance, so each row's estimates relax towards the prior at
 every step without a tree: a batch that stopped drafting tries a tree again after a while. Only which candidates
 are verified changes, so the output is the target's whatever the controller chooses.
+
+A cached table can be wrong for today's machine: measured while another process held a core, it makes every tree
+look dear and the controller keeps choosing tiny trees. When the run's own steps are much faster than the table
+(``stale``), the decoder measures the table again and hands it over (``replace_costs``), once per table per process.
 """
 
 from __future__ import annotations
@@ -33,6 +37,9 @@ RATE = 0.25  # weight of a step's observation in the running averages
 RELAX = 0.05  # per step without a tree: estimates move this share of the way back to the prior
 RESIDUAL_STEPS = 9  # steps of each kind the residual is the median of
 MIN_REACH = 0.1  # a row's tree stops at the level it reaches with less than this chance
+# Steps run this much faster than the table says (the median of a kind's last RESIDUAL_STEPS): the table was measured
+# while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
+STALE_RATIO = 0.6
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,7 @@ class TreeController:
         # RESIDUAL_STEPS, so that a one-off (a first shape's warm-up, another process) does not decide
         self.residual = {True: 0.0, False: 0.0}
         self.extras: dict[bool, list[float]] = {True: [], False: []}
+        self.ratios: dict[bool, list[float]] = {True: [], False: []}  # measured / modelled seconds, recent steps
         self.chosen: dict[str, int] = {}
 
     # ------------------------------------------------------------------ the choice
@@ -146,6 +154,24 @@ class TreeController:
         if seconds is not None:
             tree = depth >= 1
             extras = self.extras[tree]
-            extras.append(seconds - self.step_seconds(len(rows), depth, shape.lookup))
+            modelled = self.step_seconds(len(rows), depth, shape.lookup)
+            extras.append(seconds - modelled)
             del extras[:-RESIDUAL_STEPS]
             self.residual[tree] = sorted(extras)[len(extras) // 2]
+            ratios = self.ratios[tree]
+            ratios.append(seconds / max(modelled, 1e-12))
+            del ratios[:-RESIDUAL_STEPS]
+
+    @property
+    def stale(self) -> bool:
+        """Whether the run's steps of either kind are much faster than the cost table says (its last
+        RESIDUAL_STEPS of them, median below STALE_RATIO of the modelled seconds)."""
+        return any(len(r) >= RESIDUAL_STEPS and sorted(r)[len(r) // 2] < STALE_RATIO for r in self.ratios.values())
+
+    def replace_costs(self, costs: StepCosts):
+        """Continue with ``costs`` (measured again): what was learnt about the old table's errors is dropped, the
+        acceptance estimates are kept."""
+        self.costs = costs
+        self.residual = {True: 0.0, False: 0.0}
+        self.extras = {True: [], False: []}
+        self.ratios = {True: [], False: []}

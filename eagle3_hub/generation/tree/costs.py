@@ -76,6 +76,7 @@ class StepCosts:
     verify: dict[int, dict[int, float]] = field(default_factory=dict)
     draft_read: dict[int, float] = field(default_factory=dict)
     draft_level: dict[int, float] = field(default_factory=dict)
+    fresh: bool = False  # measured by this process from nothing (not read from the disk cache, even in part)
 
     def verify_s(self, rows: int, slots: int) -> float:
         """One verification of ``rows`` rows with ``slots`` slots each."""
@@ -178,14 +179,16 @@ def cost_key(target, draft, top_k: int, draft_graph: bool) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
-def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: bool = True) -> StepCosts:
+def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: bool = True,
+               refresh: bool = False) -> StepCosts:
     """The cost table for ``config``'s tree width, covering up to ``rows`` rows and ``slots`` slots per row: from
     memory, else from the disk cache, else measured now (and saved). ``cache=False`` measures anew and saves
-    nothing."""
+    nothing; ``refresh=True`` measures anew and replaces what memory and the disk held (a table the run's own step
+    times contradict, see ``TreeController.stale``)."""
     key = cost_key(target, draft, config.tree_top_k, config.draft_graph)
     path = cost_file(key)
-    found = _memo.get(key) if cache else None
-    if cache and found is None and path.is_file():
+    found = _memo.get(key) if cache and not refresh else None
+    if cache and not refresh and found is None and path.is_file():
         try:
             data = json.loads(path.read_text())
             if data.get("format") == COSTS_FORMAT and data.get("key") == key:
@@ -196,7 +199,7 @@ def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: 
         _memo[key] = found
         return found
     weight = target.get_input_embeddings().weight
-    costs = found or StepCosts(key=key, top_k=config.tree_top_k, device=device_name(weight.device))
+    costs = found or StepCosts(key=key, top_k=config.tree_top_k, device=device_name(weight.device), fresh=True)
     measure(costs, target, draft, config, rows, slots)
     if cache:
         _memo[key] = costs

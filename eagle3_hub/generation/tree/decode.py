@@ -86,6 +86,10 @@ class TreeDecoder:
                                            max_depth=None if self.drafter.levels is not None else remaining - 1)
             accepted = self.step(shape.depth, chain if shape.depth else None, shape)
             self.controller.observe(rows, shape, accepted, time.perf_counter() - t0)
+            if self.controller.stale and not self.controller.costs.fresh:  # a table from a busier machine
+                slots = c.total_tokens + c.lookup_tokens + 1
+                self.controller.replace_costs(step_costs(self.target, self.draft, c, b, slots, refresh=True))
+                self.stats.costs_measured_again = True
         if self.controller is not None:
             self.stats.tree_steps = dict(self.controller.chosen)
 

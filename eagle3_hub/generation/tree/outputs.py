@@ -36,6 +36,7 @@ class TreeDecodingStats:
     tree: dict[str, int] = field(default_factory=dict)  # the shape (adaptive: the largest the controller may choose)
     lean_forward: bool = False  # verifications ran through LeanTargetForward, not transformers' forward
     tree_steps: dict[str, int] = field(default_factory=dict)  # adaptive: steps per chosen shape ("d/k/n", "none")
+    costs_measured_again: bool = False  # adaptive: the cached cost table disagreed with the run and was measured again
 
     def per_step_ms(self) -> dict[str, float]:
         """Average milliseconds per decoding step: draft / verify / overhead."""
@@ -54,6 +55,8 @@ class TreeDecodingStats:
             f"target forwards, mean acceptance length {self.mean_acceptance_length:.2f}; per step: draft "
             f"{ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms, overhead {ms['overhead']:.1f} ms; tree {self.tree}"
             + (f", steps by shape {self.tree_steps}" if self.tree_steps else "")
+            + (", cost table measured again (the cached one was slower than this run)"
+               if self.costs_measured_again else "")
         )
 
 
