@@ -536,6 +536,13 @@ def test_batched_runs_compare_methods_at_the_same_batch_size(tiny, tmp_path):
     batched = [r for r in res["records"] if r["batch"] == 2 and r["method"] == "plain"]
     assert len(batched) == 6 and {r["question_id"] for r in batched} == {100, 101, 102}
     assert "| Batch |" in report.markdown_table(res)
+    # the adaptive default: the shapes it chose, per batch size, counted over the run's steps and printed
+    for batch in (1, 2):
+        steps = rows[(batch, "tree")]["tree_steps"]
+        assert steps and all(n > 0 for n in steps.values()) and rows[(batch, "same_forward")]["tree_steps"] is None
+    assert sum(rows[(1, "tree")]["tree_steps"].values()) == sum(
+        sum(r["tree_steps"].values()) for r in res["records"] if r["batch"] == 1 and r["method"] == "tree")
+    assert "Adaptive tree: steps per shape" in report.markdown_report(res) and "batch 2, tree: " in report.markdown_report(res)
     with pytest.raises(ValueError, match="at least 1"):
         run_benchmark(target, tok, _suite(tmp_path, n=1, turns=1), methods=["plain"], max_new_tokens=4,
                       progress=False, batch_sizes=[0])

@@ -213,6 +213,7 @@ class TurnRecord:
     prompt_ids: list[int] = field(default_factory=list, repr=False)
     batch: int = 1  # prompts run together; a batch's time goes to its rows in equal shares
     tree: dict | None = None  # tree decoding's shape in this run (defaults differ by mode and batch size)
+    tree_steps: dict | None = None  # adaptive tree: steps per shape the controller chose (first row of a batch)
 
     def to_json(self, with_outputs: bool = False) -> dict:
         d = {k: v for k, v in self.__dict__.items() if k not in ("output_ids", "prompt_ids")}
@@ -306,11 +307,21 @@ class TurnRunner:
                 target_forwards=int(forwards) if first else 0,
                 accept_hist=(_histogram(accepted) if first else []) if accepted is not None else None,
                 peak_memory_mb=peak, batch=batch, tree=dict(stats.tree) if method.kind in TREE_KINDS else None,
+                tree_steps=dict(stats.tree_steps) if first and method.kind in TREE_KINDS and stats.tree_steps else None,
                 output_ids=rows_new[i], prompt_ids=prompt, mode=meta["mode"],
                 method=method.name, suite=meta["suite"], question_id=meta["question_id"],
                 category=meta["category"], turn=meta["turn"],
             ))
         return records
+
+
+def _summed_steps(rs: list[TurnRecord]) -> dict[str, int] | None:
+    """The adaptive tree's steps per chosen shape over ``rs`` (None: a fixed shape, or no tree)."""
+    total: dict[str, int] = {}
+    for r in rs:
+        for label, n in (r.tree_steps or {}).items():
+            total[label] = total.get(label, 0) + n
+    return total or None
 
 
 def _strip_padding(ids: list[int], pad_id, eos_id) -> list[int]:
@@ -407,6 +418,7 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
                 },
                 "peak_memory_mb": max(r.peak_memory_mb for r in rs),
                 "tree": rs[0].tree,
+                "tree_steps": _summed_steps(rs),
                 "target_forwards": sum(r.target_forwards for r in rs),
                 # the share of the outputs' 8-grams that repeat an earlier one of the same output: text that loops
                 "loop_share": _loop_share(rs),

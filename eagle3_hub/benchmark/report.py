@@ -145,6 +145,15 @@ def markdown_report(results: dict) -> str:
     parts += [f"Loop share: the share of each output's {LOOP_NGRAM}-grams that repeat an earlier one of the same "
               f"output; LOOPS above {LOOP_SHARE_FLAG:g}: the outputs loop, and a speed-up there measures copying the "
               "loop (prompt lookup and the tree's lookup branch do), not drafting.", ""]
+    adaptive = [r for r in sorted(results["results"], key=row_sort_key) if r.get("tree_steps") and r["suite"] != "_all"]
+    if adaptive:
+        parts += ["Adaptive tree: steps per shape it chose (depth/children/nodes; none: one token per row through the "
+                  "same forward):", ""]
+        parts += [f"- {r['suite']}, {r['mode']}" + (f", batch {r['batch']}" if r.get("batch", 1) > 1 else "")
+                  + f", {r['method']}: " + ", ".join(f"{k} {v}" for k, v in
+                                                      sorted(r["tree_steps"].items(), key=lambda kv: -kv[1]))
+                  for r in adaptive]
+        parts += [""]
     if any(r["method"].startswith("oracle") for r in results["results"]):
         parts += ["`oracle`: the target proposes each node's children itself (its own most probable tokens), in the "
                   "same tree shape and walk: the acceptance a perfect draft would reach. It measures acceptance only; "
