@@ -40,7 +40,7 @@ def acceptance_text(by_pos: list[float] | None, max_positions: int = 5) -> str:
 
 
 def lossless_text(entry: dict, suite: str = "_all") -> str:
-    """The greedy check of one method (``bench.lossless_check``), over all suites or one of them: identical to
+    """The greedy check of one method (``records.lossless_check``), over all suites or one of them: identical to
     plain greedy, or (reduced precision) parted from it only at near-ties, or not."""
     e = entry["by_suite"].get(suite, entry) if suite != "_all" else entry
     differ = e["turns"] - e["identical"]
