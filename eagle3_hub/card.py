@@ -166,6 +166,7 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
 
     # every mode the run measured (a base model's greedy text loops: its sampled rows are the ones users get)
     rows = [r for r in bench["results"] if not r["method"].startswith("oracle")] or bench["results"]
+    rows = [r for r in rows if "@" not in r["method"]]  # `--compare-draft` rows (`tree@NAME`) are another draft's
     batch = min(r.get("batch", 1) for r in rows)
     rows = [r for r in rows if r.get("batch", 1) == batch]
     suites = {r["suite"] for r in rows}

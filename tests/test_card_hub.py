@@ -126,11 +126,13 @@ def test_the_card_shows_every_mode_and_the_loop_share(tmp_path, bench_dir):
     sampled = [{**r, "mode": "T=0.7", "loop_share": 0.1} for r in greedy]
     for r in greedy:
         r["loop_share"] = 0.9
-    bench["results"] = greedy + sampled
+    other = [{**r, "method": "tree@older-draft"} for r in sampled if r["method"].startswith("tree")]  # --compare-draft
+    bench["results"] = greedy + sampled + other
     (tmp_path / "bench.json").write_text(json.dumps(bench))
     draft = make_draft_folder(tmp_path / "draft")
     text = ModelCard.load(write_model_card(draft, bench_json=tmp_path / "bench.json")).text
     assert "| Suite | Mode | Method |" in text and "| Loop share |" in text
+    assert other and "older-draft" not in text  # the card is this draft's: another draft's rows stay out
     lookup = next(r for r in sampled if r["method"] == "lookup" and r["suite"] == "mt_bench")
     assert f"| mt_bench | T=0.7 | lookup | {lookup['tokens_per_s']:.1f} |" in text
     assert "| 0.10 |" in text and "| 0.90 LOOPS |" in text and "greedy and T=0.7 decoding" in text
