@@ -40,7 +40,7 @@ from .instruments import ForwardStarts, ForwardTimer, PeakMemory, sync
 from .machine import machine_info
 from .near_ties import near_tie_check, reduced_precision
 from .options import DRAFT_METHODS, METHOD_NAMES, TREE_KEYS
-from .records import TurnRecord, _histogram, lossless_check, summarize, sweep_summary
+from .records import TurnRecord, histogram, lossless_check, summarize, sweep_summary
 from .suites import Suite
 
 BATCHED_KINDS = ("plain", "same_forward", "tree", "oracle")
@@ -267,7 +267,7 @@ class TurnRunner:
                 prompt_tokens=len(prompt), new_tokens=len(rows_new[i]), time_s=elapsed / b,
                 draft_time_s=float(draft_t) / b, verify_time_s=float(verify_t) / b,
                 target_forwards=int(forwards) if first else 0,
-                accept_hist=(_histogram(accepted) if first else []) if accepted is not None else None,
+                accept_hist=(histogram(accepted) if first else []) if accepted is not None else None,
                 peak_memory_mb=peak, batch=batch, tree=dict(stats.tree) if method.kind in TREE_KINDS else None,
                 tree_steps=dict(stats.tree_steps) if first and method.kind in TREE_KINDS and stats.tree_steps else None,
                 output_ids=rows_new[i], prompt_ids=prompt, mode=meta["mode"],

@@ -40,7 +40,7 @@ class TurnRecord:
         return d
 
 
-def _histogram(accepted: list[int]) -> list[int]:
+def histogram(accepted: list[int]) -> list[int]:
     hist = [0] * (max(accepted) + 1 if accepted else 1)
     for a in accepted:
         hist[a] += 1

@@ -86,10 +86,12 @@ class TreeController:
         self.alpha = torch.full((rows, config.depth), prior, dtype=torch.float64)
         # seconds per step the cost table leaves out, by kind (tree steps, plain steps): the median of the last
         # RESIDUAL_STEPS, so that a one-off (a first shape's warm-up, another process) does not decide
-        self.residual = {True: 0.0, False: 0.0}
-        self.extras: dict[bool, list[float]] = {True: [], False: []}
-        self.ratios: dict[bool, list[float]] = {True: [], False: []}  # measured / modelled seconds, recent steps
+        self._forget_times()
         self.chosen: dict[str, int] = {}
+
+    def _forget_times(self):
+        self.residual = {True: 0.0, False: 0.0}
+        self.recent: dict[bool, list[tuple[float, float]]] = {True: [], False: []}  # (measured, modelled) seconds
 
     # ------------------------------------------------------------------ the choice
     def shape(self, depth: int) -> StepShape:
@@ -153,25 +155,24 @@ class TreeController:
             self.alpha[rows] += RELAX * (self.prior - self.alpha[rows])
         if seconds is not None:
             tree = depth >= 1
-            extras = self.extras[tree]
-            modelled = self.step_seconds(len(rows), depth, shape.lookup)
-            extras.append(seconds - modelled)
-            del extras[:-RESIDUAL_STEPS]
-            self.residual[tree] = sorted(extras)[len(extras) // 2]
-            ratios = self.ratios[tree]
-            ratios.append(seconds / max(modelled, 1e-12))
-            del ratios[:-RESIDUAL_STEPS]
+            recent = self.recent[tree]
+            recent.append((seconds, self.step_seconds(len(rows), depth, shape.lookup)))
+            del recent[:-RESIDUAL_STEPS]
+            self.residual[tree] = _median([t - m for t, m in recent])
 
     @property
     def stale(self) -> bool:
         """Whether the run's steps of either kind are much faster than the cost table says (its last
         RESIDUAL_STEPS of them, median below STALE_RATIO of the modelled seconds)."""
-        return any(len(r) >= RESIDUAL_STEPS and sorted(r)[len(r) // 2] < STALE_RATIO for r in self.ratios.values())
+        return any(len(r) >= RESIDUAL_STEPS and _median([t / max(m, 1e-12) for t, m in r]) < STALE_RATIO
+                   for r in self.recent.values())
 
     def replace_costs(self, costs: StepCosts):
         """Continue with ``costs`` (measured again): what was learnt about the old table's errors is dropped, the
         acceptance estimates are kept."""
         self.costs = costs
-        self.residual = {True: 0.0, False: 0.0}
-        self.extras = {True: [], False: []}
-        self.ratios = {True: [], False: []}
+        self._forget_times()
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]

@@ -187,8 +187,9 @@ def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: 
     times contradict, see ``TreeController.stale``)."""
     key = cost_key(target, draft, config.tree_top_k, config.draft_graph)
     path = cost_file(key)
-    found = _memo.get(key) if cache and not refresh else None
-    if cache and not refresh and found is None and path.is_file():
+    cached = cache and not refresh
+    found = _memo.get(key) if cached else None
+    if cached and found is None and path.is_file():
         try:
             data = json.loads(path.read_text())
             if data.get("format") == COSTS_FORMAT and data.get("key") == key:

@@ -48,9 +48,10 @@ class TreeDecoder:
         self.generated = [0] * b
         self.rows = list(range(b))
         self.forwards = [1] * b  # target forwards per row (its prefill included)
-        self.processing.reserve(b * (c.total_tokens + c.lookup_tokens + 1), self.device)
+        slots = c.total_tokens + c.lookup_tokens + 1  # the widest verification per row
+        self.processing.reserve(b * slots, self.device)
         if c.adaptive:  # the machine's costs: measured once per models, device and dtype, then from the cache
-            costs = step_costs(self.target, self.draft, c, b, c.total_tokens + c.lookup_tokens + 1)
+            costs = step_costs(self.target, self.draft, c, b, slots)
             self.controller = TreeController(c, costs, b, row_depths=self.drafter.levels is None)
         capacity = L + self.max_new_tokens + c.total_tokens + c.lookup_tokens + c.depth + 16
         self.verifier.start(capacity)
@@ -86,8 +87,7 @@ class TreeDecoder:
                                            max_depth=None if self.drafter.levels is not None else remaining - 1)
             accepted = self.step(shape.depth, chain if shape.depth else None, shape)
             self.controller.observe(rows, shape, accepted, time.perf_counter() - t0)
-            if self.controller.stale and not self.controller.costs.fresh:  # a table from a busier machine
-                slots = c.total_tokens + c.lookup_tokens + 1
+            if not self.controller.costs.fresh and self.controller.stale:  # a table from a busier machine
                 self.controller.replace_costs(step_costs(self.target, self.draft, c, b, slots, refresh=True))
                 self.stats.costs_measured_again = True
         if self.controller is not None:
