@@ -16,7 +16,7 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 
 from eagle3_hub.generation.tree import TreeConfig, custom_generate_files, generate, verification
 from eagle3_hub.generation.tree import costs as costs_mod
-from eagle3_hub.generation.tree.controller import StepShape, TreeController, levels_for, nodes_at
+from eagle3_hub.generation.tree.controller import LOOKUP_PRIOR, StepShape, TreeController, levels_for, nodes_at
 from eagle3_hub.generation.tree.costs import StepCosts, monotone, step_costs
 from eagle3_hub.generation.tree.drafting import Drafter
 from eagle3_hub.generation.tree.outputs import TreeDecodingStats
@@ -37,7 +37,7 @@ def force_shapes(monkeypatch, seed=0, sequence=(0, 1, "max", 2, 0, "max", 1)):
     rng = random.Random(seed)
     handed: list[StepShape] = []
 
-    def choose(self, rows, lookup=0, max_depth=None):
+    def choose(self, rows, lookup=0, max_depth=None, proposed=None):
         want = sequence[len(handed) % len(sequence)]
         depth = self.config.depth if want == "max" else min(want, self.config.depth)
         if max_depth is not None:
@@ -69,7 +69,7 @@ def test_greedy_equals_plain_while_the_tree_changes_every_step(arch, monkeypatch
     assert torch.equal(out.sequences, ref)
     assert out.stats.tree["adaptive"] is True
     labels = {s.label for s in handed}
-    assert {"none", "1/4/4", "2/4/7", "5/4/16"} <= labels  # no tree, shallow and full trees all ran
+    assert {"none", "1/4/4", "2/4/7", "5/4/16"} <= {label.removesuffix("+lookup") for label in labels}
     assert out.stats.tree_steps == {label: sum(s.label == label for s in handed) for label in labels}
     assert any(s.row_depth and len(set(s.row_depth)) == 1 and s.row_depth[0] < s.depth for s in handed)
     assert out.stats.target_forwards < 80  # trees were accepted between the steps without one
@@ -271,6 +271,47 @@ def test_steps_without_a_tree_relax_the_estimates_so_a_tree_is_tried_again():
     assert depths[0] == 0 and max(depths) >= 1
 
 
+def test_the_lookup_branch_rides_only_where_it_pays():
+    """Its slots are verified for every row: nearly free at batch 1 on a flat verification, dear on a batch whose
+    verification grows with its tokens. A branch that adds many tokens beyond the tree pays even there; one that
+    adds none is left out, and only rows that proposed a branch count."""
+    config = TreeConfig(depth=3, tree_top_k=4, total_tokens=6, lookup_tokens=20, min_node_prob=0.0,
+                        grow_min_prob=0.0, draft_graph=False, adaptive=True)
+    flat = synthetic(lambda r, s: 0.03 + 1e-5 * r * s, draft_read=1e-3, draft_level=1e-3)
+    steep = synthetic(lambda r, s: 0.03 + 2e-3 * r * s, draft_read=1e-3, draft_level=1e-3)
+    for costs, rows, expect in ((flat, [0], 20), (steep, list(range(8)), 0)):
+        c = TreeController(config, costs, rows=len(rows))
+        shape = c.shape(3)
+        for i in range(30):  # trees accepted to depth 2; every other step the branch copies 1 token past the tree
+            s = StepShape(shape.depth, shape.top_k, shape.total_tokens, None, 20)
+            c.observe(rows, s, [2 + i % 2 * 2] * len(rows), looked_up=[bool(i % 2)] * len(rows))
+        chosen = c.choose(rows, lookup=20)
+        assert chosen.depth >= 1 and chosen.lookup == expect, (rows, chosen)
+        assert chosen.label.endswith("+lookup") == bool(expect)
+    c = TreeController(config, steep, rows=8)
+    rows = list(range(8))
+    for _ in range(30):  # the branch copies 12 tokens past the tree's depth every step
+        s = StepShape(3, 4, 6, None, 20)
+        c.observe(rows, s, [15] * 8, looked_up=[True] * 8)
+    assert c.lookup_gain[0] > 11
+    assert c.choose(rows, lookup=20).lookup == 20
+    assert c.choose(rows, lookup=20, proposed=[True] + [False] * 7).lookup == 0  # one row's copy pays for one row
+
+
+def test_the_lookup_estimate_relaxes_back_while_the_branch_is_left_out():
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01, draft_read=1e-3, draft_level=1e-3), rows=2)
+    with_branch = StepShape(4, 4, 12, None, 5)
+    c.observe([0, 1], with_branch, [7, 1], looked_up=[True, False], proposed=[True, True])
+    high = LOOKUP_PRIOR + 0.25 * (3 - LOOKUP_PRIOR)  # 3 tokens past the tree's 4 levels
+    assert c.lookup_gain.tolist() == pytest.approx([high, LOOKUP_PRIOR * 0.75])
+    c.observe([0, 1], with_branch, [1, 1], looked_up=[False, False], proposed=[False, True])
+    assert c.lookup_gain[0] == pytest.approx(high)  # no branch of its own: nothing learnt
+    low = float(c.lookup_gain[1])
+    for _ in range(50):
+        c.observe([0, 1], c.shape(2), [1, 1])
+    assert low < float(c.lookup_gain[1]) < LOOKUP_PRIOR
+
+
 def test_the_residual_is_the_median_of_recent_steps():
     """Time the table leaves out (acceptance, host work) counts, and one slow step does not decide."""
     costs = synthetic(lambda r, s: 0.01 + 1e-4 * s, draft_read=1e-4, draft_level=1e-4)
@@ -444,5 +485,5 @@ def test_fixed_shape_draft_levels_follow_the_controller(monkeypatch):
     handed = force_shapes(monkeypatch, sequence=("max", 0, 2, 1, "max"))
     out = generate(target, draft, ids, max_new_tokens=50, eos_token_id=[], draft_graph=True, **ADAPTIVE_TREE)
     assert torch.equal(out.sequences, ref)
-    assert {s.label for s in handed} >= {"none", "1/4/4", "2/4/7", "5/4/16"}
+    assert {s.label.removesuffix("+lookup") for s in handed} >= {"none", "1/4/4", "2/4/7", "5/4/16"}
     assert all(s.row_depth is None for s in handed)

@@ -9,6 +9,11 @@ the table leaves out (acceptance, compaction, host work). Depth 0 is no tree: on
 forward. The controller picks the depth with the most expected tokens per second over the batch's rows; finished
 rows have left the batch and weigh nothing.
 
+The lookup branch (tokens copied from the text so far) rides with a tree only when it pays: its slots are verified
+for every row, which a CPU at batch 1 barely notices and a batch of 8 pays for at full price. Each row keeps a
+running estimate of the tokens the branch adds beyond the tree's depth (``lookup_gain``); it starts, and relaxes
+back while the branch is left out, towards an optimistic prior, so the branch is tried again now and then.
+
 Within the step, a row whose positions are rarely reached gets a shallower tree (``row_depth``): its nodes are its
 draft's best candidates of the first levels, alternatives near its root, where its acceptance happens. The node
 count is the step's for every row (one rectangular verification).
@@ -37,6 +42,8 @@ RATE = 0.25  # weight of a step's observation in the running averages
 RELAX = 0.05  # per step without a tree: estimates move this share of the way back to the prior
 RESIDUAL_STEPS = 9  # steps of each kind the residual is the median of
 MIN_REACH = 0.1  # a row's tree stops at the level it reaches with less than this chance
+LOOKUP_PRIOR = 2.0  # tokens beyond the tree's depth a row's lookup branch adds per step, before it was tried
+LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this share of the way back to the prior
 # Steps run this much faster than the table says (the median of a kind's last RESIDUAL_STEPS): the table was measured
 # while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
 STALE_RATIO = 0.6
@@ -55,7 +62,9 @@ class StepShape:
 
     @property
     def label(self) -> str:
-        return "none" if self.depth == 0 else f"{self.depth}/{self.top_k}/{self.total_tokens}"
+        if self.depth == 0:
+            return "none"
+        return f"{self.depth}/{self.top_k}/{self.total_tokens}" + ("+lookup" if self.lookup else "")
 
 
 def nodes_at(config: TreeConfig, depth: int) -> int:
@@ -84,6 +93,7 @@ class TreeController:
                  prior: float = PRIOR_ACCEPT):
         self.config, self.costs, self.row_depths, self.prior = config, costs, row_depths, prior
         self.alpha = torch.full((rows, config.depth), prior, dtype=torch.float64)
+        self.lookup_gain = torch.full((rows,), LOOKUP_PRIOR, dtype=torch.float64)
         # seconds per step the cost table leaves out, by kind (tree steps, plain steps): the median of the last
         # RESIDUAL_STEPS, so that a one-off (a first shape's warm-up, another process) does not decide
         self._forget_times()
@@ -113,22 +123,30 @@ class TreeController:
         s = self.shape(depth)
         return self.costs.verify_s(rows, 1 + s.total_tokens + lookup) + self.costs.draft_s(rows, depth)
 
-    def choose(self, rows: list[int], lookup: int = 0, max_depth: int | None = None) -> StepShape:
-        """The shape of the next step for the active ``rows`` (original indices), a lookup branch of ``lookup``
-        tokens riding with any tree: the depth with the most expected tokens per second."""
+    def choose(self, rows: list[int], lookup: int = 0, max_depth: int | None = None,
+               proposed: list[bool] | None = None) -> StepShape:
+        """The shape of the next step for the active ``rows`` (original indices): the depth, and whether the
+        lookup branch of ``lookup`` tokens (held by the rows where ``proposed``, default all) rides with the tree,
+        with the most expected tokens per second."""
         top = self.config.depth if max_depth is None else min(self.config.depth, max_depth)
-        best, best_rate = 0, -1.0
+        gain = 0.0
+        if lookup:
+            holders = [r for i, r in enumerate(rows) if proposed is None or proposed[i]]
+            gain = float(self.lookup_gain[holders].sum())
+        best, best_lookup, best_rate = 0, 0, -1.0
         for depth in range(top + 1):
             tree = depth >= 1
-            modelled = self.step_seconds(len(rows), depth, lookup)
-            seconds = max(modelled + self.residual[tree], 0.1 * modelled, 1e-9)
-            rate = float(self.expected_tokens(rows, depth).sum()) / seconds
-            if rate > best_rate:
-                best, best_rate = depth, rate
+            tokens = float(self.expected_tokens(rows, depth).sum())
+            for m in (0, lookup) if tree and lookup else (0,):
+                modelled = self.step_seconds(len(rows), depth, m)
+                seconds = max(modelled + self.residual[tree], 0.1 * modelled, 1e-9)
+                rate = (tokens + (gain if m else 0.0)) / seconds
+                if rate > best_rate:
+                    best, best_lookup, best_rate = depth, m, rate
         shape = self.shape(best)
         if best >= 1:
             row_depth = self._row_depths(rows, shape) if self.row_depths else None
-            shape = StepShape(shape.depth, shape.top_k, shape.total_tokens, row_depth, lookup)
+            shape = StepShape(shape.depth, shape.top_k, shape.total_tokens, row_depth, best_lookup)
         self.chosen[shape.label] = self.chosen.get(shape.label, 0) + 1
         return shape
 
@@ -141,9 +159,11 @@ class TreeController:
         return None if all(d == shape.depth for d in depths) else depths
 
     # ------------------------------------------------------------------ learning
-    def observe(self, rows: list[int], shape: StepShape, accepted: list[int], seconds: float | None = None):
-        """After a step with ``shape`` over ``rows``: ``accepted`` draft tokens per row; ``seconds`` the step's
-        measured time (updates the residual of its kind)."""
+    def observe(self, rows: list[int], shape: StepShape, accepted: list[int], seconds: float | None = None,
+                looked_up: list[bool] | None = None, proposed: list[bool] | None = None):
+        """After a step with ``shape`` over ``rows``: ``accepted`` draft tokens per row, ``looked_up`` whether its
+        path ran along the lookup branch (held by the rows where ``proposed``); ``seconds`` the step's measured
+        time (updates the residual of its kind)."""
         depth = shape.depth
         if depth >= 1:
             row_depth = shape.row_depth or (depth,) * len(rows)
@@ -153,6 +173,13 @@ class TreeController:
                 self.alpha[r, :reached] += RATE * (hit - self.alpha[r, :reached])
         else:
             self.alpha[rows] += RELAX * (self.prior - self.alpha[rows])
+        if shape.lookup:
+            for i, (r, a, d) in enumerate(zip(rows, accepted, shape.row_depth or (depth,) * len(rows))):
+                if proposed is None or proposed[i]:
+                    extra = max(a - d, 0) if looked_up is not None and looked_up[i] else 0
+                    self.lookup_gain[r] += RATE * (extra - self.lookup_gain[r])
+        else:
+            self.lookup_gain[rows] += LOOKUP_RELAX * (LOOKUP_PRIOR - self.lookup_gain[rows])
         if seconds is not None:
             tree = depth >= 1
             recent = self.recent[tree]

@@ -74,7 +74,7 @@ class TreeDecoder:
 
         while self.rows:
             remaining = max(self.max_new_tokens - self.generated[r] for r in self.rows)
-            chain = self._lookup_chain(min(c.lookup_tokens, remaining - 1))
+            chain, proposed = self._lookup_chain(min(c.lookup_tokens, remaining - 1))
             if self.controller is None:
                 depth = min(c.depth, remaining - 1)
                 if self.drafter.levels is not None and depth >= 1:
@@ -84,9 +84,10 @@ class TreeDecoder:
             t0 = time.perf_counter()
             rows = list(self.rows)
             shape = self.controller.choose(rows, 0 if chain is None else chain.shape[1],
-                                           max_depth=None if self.drafter.levels is not None else remaining - 1)
-            accepted = self.step(shape.depth, chain if shape.depth else None, shape)
-            self.controller.observe(rows, shape, accepted, time.perf_counter() - t0)
+                                           max_depth=None if self.drafter.levels is not None else remaining - 1,
+                                           proposed=proposed)
+            accepted, looked_up = self.step(shape.depth, chain if shape.depth and shape.lookup else None, shape)
+            self.controller.observe(rows, shape, accepted, time.perf_counter() - t0, looked_up, proposed)
             if not self.controller.costs.fresh and self.controller.stale:  # a table from a busier machine
                 self.controller.replace_costs(step_costs(self.target, self.draft, c, b, slots, refresh=True))
                 self.stats.costs_measured_again = True
@@ -106,7 +107,8 @@ class TreeDecoder:
         """One draft + verify + accept + compact step. ``depth`` (tree levels; depth 0 is a plain target step) may be
         below the configured one near max_new_tokens; ``chain`` the lookup branch (b, m), proposed by the caller
         (host work while the device is idle); ``shape`` the adaptive controller's choice (default: the config's).
-        Returns the draft tokens each row (active at the start) accepted."""
+        Returns, per row active at the start, the draft tokens it accepted and whether they came along the lookup
+        branch."""
         b = len(self.rows)
         # 1. propose: the draft tree next to the lookup branch
         if depth >= 1:
@@ -145,10 +147,10 @@ class TreeDecoder:
         finished = self._emit_all([h[3 + W - h[0] :] + [h[1]] for h in host], [h[0] for h in host],
                                   [bool(h[2]) for h in host])
         self.stats.steps += 1
-        accepted_rows = [h[0] for h in host]
+        accepted_rows, looked_up = [h[0] for h in host], [bool(h[2]) for h in host]
         if len(finished) == b:
             self.rows = []
-            return accepted_rows
+            return accepted_rows, looked_up
 
         # 4. compact: the target cache keeps the accepted paths; their features go to the draft
         A = max(h[0] for h in host) + 1
@@ -162,16 +164,18 @@ class TreeDecoder:
         self.next_pos = self.next_pos + accepted + 1
         self.root = bonus
         self._drop_rows(finished)
-        return accepted_rows
+        return accepted_rows, looked_up
 
     # ------------------------------------------------------------------ helpers
-    def _lookup_chain(self, lookup: int) -> torch.Tensor | None:
-        """(b, m) the lookup branch's tokens per row, padded (a padding token is verified like any other guess)."""
+    def _lookup_chain(self, lookup: int) -> tuple[torch.Tensor | None, list[bool] | None]:
+        """(b, m) the lookup branch's tokens per row, padded (a padding token is verified like any other guess), and
+        per row whether it proposed any; (None, None) when no row did."""
         chains = [self.lookups[r].propose(lookup) for r in self.rows] if lookup >= 1 else []
         m = max((len(c) for c in chains), default=0)
         if not m:
-            return None
-        return torch.tensor([c + [self.pad_id] * (m - len(c)) for c in chains], device=self.device)
+            return None, None
+        chain = torch.tensor([c + [self.pad_id] * (m - len(c)) for c in chains], device=self.device)
+        return chain, [bool(c) for c in chains]
 
     def _history(self, i: int, extra: torch.Tensor) -> torch.Tensor:
         """Active row i's tokens so far plus ``extra``, (1, len)."""
