@@ -28,15 +28,16 @@ def _tree_mask(n_prefix: int, n: int, dtype=torch.float32) -> torch.Tensor:
 @pytest.mark.parametrize("arch", LEAN_ARCHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_lean_forward_computes_what_transformers_computes(arch, dtype):
-    """A prompt causally, then a tree-masked block over the cache, in a batch of two: the same hidden states at
-    every layer (transformers' indexing, the last one normed) and the same cache as the model's own forward."""
+    """A prompt causally (its query heads attend unfolded), then tree-masked blocks over the cache (a large tree, a small one and a single token,
+    whose grouped query heads attend folded), in a batch of two: the same hidden states at every layer
+    (transformers' indexing, the last one normed) and the same cache as the model's own forward."""
     target = make_tiny_target(arch, dtype=dtype)
     lean = LeanTargetForward.for_model(target, forward_cache_kwarg(target))
     assert lean is not None, unsupported_reason(target)
     g = torch.Generator().manual_seed(3)
     theirs, ours = DynamicCache(), DynamicCache()
     start = 0
-    for n in (10, 7):
+    for n in (16, 7, 3, 1):
         ids = torch.randint(3, 256, (2, n), generator=g)
         pos = torch.arange(start, start + n).expand(2, n)
         mask = _tree_mask(start, n, dtype).expand(2, 1, n, start + n)

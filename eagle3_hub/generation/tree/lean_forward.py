@@ -4,7 +4,9 @@ transformers' forward of a small model spends a large share of a CPU step outsid
 calls, keyword plumbing, the capture of hidden states, and, for a grouped-query model given a mask (a tree's), a
 copy of every layer's keys and values for each query head (``repeat_kv``). ``LeanTargetForward`` runs the same
 computation over the model's own weights (no copy) as plain tensor ops, with SDPA's grouped-query mode, and gives
-the same hidden states.
+the same hidden states. A step of few queries (a plain step, a small tree) attends with each group's query heads
+folded into the query length, one head per key/value head: the same rows of the same products, and on a CPU in
+bfloat16 several times faster than SDPA's one-query-per-head path.
 
 It reproduces Llama, Mistral, Qwen2 and Qwen3 decoders (sdpa attention, SiLU MLP, RMSNorm, optional q/k/v biases,
 Qwen3's q/k norms) and nothing else: ``LeanTargetForward.for_model`` returns None for any other model, for one with
@@ -23,6 +25,8 @@ import torch.nn.functional as F
 LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 SILU_CLASSES = ("SiLU", "SiLUActivation")
+# up to this many query rows per key/value head, a group's query heads attend folded (faster on a CPU; past it, slower)
+FOLD_MAX_ROWS = 24
 # the probe's verdict per model, while its weights are the same tensors at the same versions
 _verdicts: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
@@ -140,6 +144,7 @@ class LeanTargetForward:
         self.scaling = attn.scaling
         cfg = model.config
         self.grouped = cfg.num_key_value_heads != cfg.num_attention_heads
+        self.groups = cfg.num_attention_heads // cfg.num_key_value_heads
 
     @classmethod
     def for_model(cls, model, cache_kwarg: str = "past_key_values") -> LeanTargetForward | None:
@@ -167,6 +172,8 @@ class LeanTargetForward:
         cos, sin = self.rotary(x, position_ids)  # (b, s, d)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         states = [x]
+        fold = self.grouped and self.groups * s <= FOLD_MAX_ROWS
+        folded_mask = mask.repeat(1, 1, self.groups, 1) if fold and mask is not None else None
         for i, p in enumerate(self.layers):
             h = _rms_norm(x, p.input_norm)
             q = _linear(h, p.q).view(b, s, -1, d)
@@ -177,7 +184,11 @@ class LeanTargetForward:
             k = _rotate(k.transpose(1, 2), cos, sin)  # (b, h_kv, s, d)
             v = _linear(h, p.v).view(b, s, -1, d).transpose(1, 2)
             k, v = cache.update(k, v, i)  # (b, h_kv, kv, d)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.grouped)
+            if fold:  # query head h reads key/value head h // groups: (b, h_kv, groups * s, d)
+                a = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, d), k, v, attn_mask=folded_mask,
+                                                   scale=self.scaling).view(b, -1, s, d)
+            else:
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.grouped)
             x = x + _linear(a.transpose(1, 2).reshape(b, s, -1), p.o)
             h = _rms_norm(x, p.post_norm)
             x = x + _linear(F.silu(_linear(h, p.gate)) * _linear(h, p.up), p.down)
