@@ -428,6 +428,32 @@ def test_costs_are_measured_once_cached_on_disk_and_extended(tmp_path, monkeypat
     assert "| rows |" in bigger.table() and "draft level" in bigger.table()
 
 
+def test_a_slot_grid_stopped_at_a_slow_forward_stays_covered(monkeypatch):
+    """A forward slower than SLOW_FORWARD_S stops a row's slot grid; the monotone pass may then lower that reading
+    (a larger batch measured faster: the slow one was noise). The table still covers what was asked, and is not
+    measured again on the next read."""
+    target = make_tiny_target("llama")
+    draft = random_draft(target)
+    config = TreeConfig(depth=3, tree_top_k=4, total_tokens=8).resolve(torch.device("cpu"), torch.float32, False, 256)
+    calls = []
+
+    def timed(fn, device, repeats=3):
+        calls.append(1)
+        return 0.3 if len(calls) == 4 else 1e-3 * len(calls)  # row 1, slot 8: one slow reading
+
+    monkeypatch.setattr(costs_mod, "_timed", timed)
+    first = step_costs(target, draft, config, rows=2, slots=9)
+    assert set(first.verify[1]) == {1, 2, 4, 8} and set(first.verify[2]) == {1, 2, 4, 8, 16}
+    assert first.verify[1][8] < costs_mod.SLOW_FORWARD_S  # lowered to row 2's reading
+    monkeypatch.setattr(costs_mod, "_memo", {})
+
+    def no_measuring(costs, *a, **k):
+        raise AssertionError("measured again")
+
+    monkeypatch.setattr(costs_mod, "measure", no_measuring)
+    assert step_costs(target, draft, config, rows=2, slots=9).slow_rows == {1}
+
+
 def test_a_cost_table_is_monotone_and_interpolates():
     verify = {1: {1: 1.0, 2: 0.8, 4: 2.0}, 2: {1: 0.9, 2: 2.0, 4: 3.0}}
     monotone(verify)

@@ -76,6 +76,9 @@ class StepCosts:
     verify: dict[int, dict[int, float]] = field(default_factory=dict)
     draft_read: dict[int, float] = field(default_factory=dict)
     draft_level: dict[int, float] = field(default_factory=dict)
+    # rows whose slot grid stopped at a slow forward (larger slot counts extrapolated): kept apart from the readings,
+    # which the monotone pass may lower afterwards
+    slow_rows: set[int] = field(default_factory=set)
     fresh: bool = False  # measured by this process from nothing (not read from the disk cache, even in part)
 
     def verify_s(self, rows: int, slots: int) -> float:
@@ -96,7 +99,8 @@ class StepCosts:
             by_slots = self.verify.get(r)
             if not by_slots or r not in self.draft_level:
                 return False
-            if max(by_slots) < top and (len(by_slots) < MIN_SLOT_POINTS or by_slots[max(by_slots)] <= SLOW_FORWARD_S):
+            slow = r in self.slow_rows or by_slots[max(by_slots)] > SLOW_FORWARD_S
+            if max(by_slots) < top and (len(by_slots) < MIN_SLOT_POINTS or not slow):
                 return False
         return True
 
@@ -119,14 +123,16 @@ class StepCosts:
         return {"format": COSTS_FORMAT, "key": self.key, "top_k": self.top_k, "device": self.device,
                 "verify": {str(r): {str(s): t for s, t in by.items()} for r, by in self.verify.items()},
                 "draft_read": {str(r): t for r, t in self.draft_read.items()},
-                "draft_level": {str(r): t for r, t in self.draft_level.items()}}
+                "draft_level": {str(r): t for r, t in self.draft_level.items()},
+                "slow_rows": sorted(self.slow_rows)}
 
     @classmethod
     def from_json(cls, data: dict) -> StepCosts:
         return cls(key=data["key"], top_k=int(data["top_k"]), device=data["device"],
                    verify={int(r): {int(s): float(t) for s, t in by.items()} for r, by in data["verify"].items()},
                    draft_read={int(r): float(t) for r, t in data["draft_read"].items()},
-                   draft_level={int(r): float(t) for r, t in data["draft_level"].items()})
+                   draft_level={int(r): float(t) for r, t in data["draft_level"].items()},
+                   slow_rows={int(r) for r in data.get("slow_rows", [])})
 
 
 def monotone(verify: dict[int, dict[int, float]]):
@@ -275,6 +281,7 @@ def measure(costs: StepCosts, target, draft, config: TreeConfig, rows: int, slot
                 if s in by_slots:
                     continue
                 if len(by_slots) >= MIN_SLOT_POINTS and by_slots[max(by_slots)] > SLOW_FORWARD_S:
+                    costs.slow_rows.add(b)
                     break  # compute-bound from here: extrapolated
                 n = s - 1
                 node = torch.arange(1, n + 1, device=device)
