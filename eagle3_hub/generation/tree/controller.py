@@ -165,8 +165,8 @@ class TreeController:
         path ran along the lookup branch (held by the rows where ``proposed``); ``seconds`` the step's measured
         time (updates the residual of its kind)."""
         depth = shape.depth
+        row_depth = shape.row_depth or (depth,) * len(rows)
         if depth >= 1:
-            row_depth = shape.row_depth or (depth,) * len(rows)
             for r, a, d in zip(rows, accepted, row_depth):
                 reached = min(a + 1, d)  # positions 1..reached were tried; the first a accepted
                 hit = (torch.arange(reached) < a).double()
@@ -174,7 +174,7 @@ class TreeController:
         else:
             self.alpha[rows] += RELAX * (self.prior - self.alpha[rows])
         if shape.lookup:
-            for i, (r, a, d) in enumerate(zip(rows, accepted, shape.row_depth or (depth,) * len(rows))):
+            for i, (r, a, d) in enumerate(zip(rows, accepted, row_depth)):
                 if proposed is None or proposed[i]:
                     extra = max(a - d, 0) if looked_up is not None and looked_up[i] else 0
                     self.lookup_gain[r] += RATE * (extra - self.lookup_gain[r])

@@ -144,10 +144,9 @@ class TreeDecoder:
         path_tok = tree.tok.gather(1, path.clamp(min=0))
         from_lookup = (end > tree.n_tree).long()  # the accepted path ran along the lookup branch
         host = torch.cat([accepted[:, None], bonus[:, None], from_lookup[:, None], path_tok], dim=1).tolist()  # 1 sync
-        finished = self._emit_all([h[3 + W - h[0] :] + [h[1]] for h in host], [h[0] for h in host],
-                                  [bool(h[2]) for h in host])
-        self.stats.steps += 1
         accepted_rows, looked_up = [h[0] for h in host], [bool(h[2]) for h in host]
+        finished = self._emit_all([h[3 + W - h[0] :] + [h[1]] for h in host], accepted_rows, looked_up)
+        self.stats.steps += 1
         if len(finished) == b:
             self.rows = []
             return accepted_rows, looked_up

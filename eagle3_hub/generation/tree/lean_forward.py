@@ -143,8 +143,7 @@ class LeanTargetForward:
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
         cfg = model.config
-        self.grouped = cfg.num_key_value_heads != cfg.num_attention_heads
-        self.groups = cfg.num_attention_heads // cfg.num_key_value_heads
+        self.groups = cfg.num_attention_heads // cfg.num_key_value_heads  # query heads per key/value head
 
     @classmethod
     def for_model(cls, model, cache_kwarg: str = "past_key_values") -> LeanTargetForward | None:
@@ -172,7 +171,7 @@ class LeanTargetForward:
         cos, sin = self.rotary(x, position_ids)  # (b, s, d)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         states = [x]
-        fold = self.grouped and self.groups * s <= FOLD_MAX_ROWS
+        fold = 1 < self.groups and self.groups * s <= FOLD_MAX_ROWS
         folded_mask = mask.repeat(1, 1, self.groups, 1) if fold and mask is not None else None
         for i, p in enumerate(self.layers):
             h = _rms_norm(x, p.input_norm)
@@ -188,7 +187,7 @@ class LeanTargetForward:
                 a = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, d), k, v, attn_mask=folded_mask,
                                                    scale=self.scaling).view(b, -1, s, d)
             else:
-                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.grouped)
+                a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.groups > 1)
             x = x + _linear(a.transpose(1, 2).reshape(b, s, -1), p.o)
             h = _rms_norm(x, p.post_norm)
             x = x + _linear(F.silu(_linear(h, p.gate)) * _linear(h, p.up), p.down)
