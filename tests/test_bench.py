@@ -618,3 +618,26 @@ def test_drafts_compared_in_one_run_decode_the_same_questions_as_tree_methods(ti
                       max_new_tokens=4, progress=False)
     assert compare_draft_names(["runs/a/draft", "runs/b/draft", "user/my-draft"]) == {
         "draft": "runs/a/draft", "draft-2": "runs/b/draft", "my-draft": "user/my-draft"}
+
+
+def test_ignore_eos_runs_every_row_to_max_new_tokens(tiny, tmp_path):
+    """--ignore-eos: a target that often says end-of-sequence still gives every row, in every method, batch size and
+    mode, max_new_tokens tokens; without it rows stop early."""
+    import copy
+
+    from eagle3_hub import Eagle3DraftModel
+
+    target, tok = tiny
+    target = copy.deepcopy(target)
+    with torch.no_grad():  # a large end-of-sequence logit wherever the final hidden state sums above zero
+        target.get_output_embeddings().weight[tok.eos_token_id] = 50 * target.model.norm.weight
+    draft = Eagle3DraftModel.from_target(target).eval()
+    draft.bind(target)
+    modes = [Mode(), Mode(temperature=0.7, top_p=0.9)]
+    kw = dict(methods=["plain", "same_forward", "tree"], draft=draft, max_new_tokens=6, progress=False, warmup=0,
+              batch_sizes=[1, 2], modes=modes, max_turns=1)
+    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), ignore_eos=True, **kw)
+    assert res["settings"]["ignore_eos"] and "every row 6 new tokens" in report.markdown_report(res)
+    assert len(res["records"]) == 2 * 2 * 3 * 2 and {r["new_tokens"] for r in res["records"]} == {6}
+    stopped = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), **kw)
+    assert sum(r["new_tokens"] < 6 for r in stopped["records"]) >= len(stopped["records"]) // 2

@@ -307,7 +307,8 @@ def build_prompt(tokenizer, turns: list[str], answers: list[str]) -> torch.Tenso
     return ids
 
 
-def generation_config_for(target, mode: Mode, max_new_tokens: int, tokenizer):
+def generation_config_for(target, mode: Mode, max_new_tokens: int, tokenizer, ignore_eos: bool = False):
+    """``ignore_eos``: no token stops a row (an empty list, since ``generate`` fills a ``None`` from the model)."""
     gc = copy.deepcopy(target.generation_config)
     gc.max_new_tokens = max_new_tokens
     gc.max_length = None
@@ -323,6 +324,8 @@ def generation_config_for(target, mode: Mode, max_new_tokens: int, tokenizer):
         gc.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     if gc.eos_token_id is None:
         gc.eos_token_id = tokenizer.eos_token_id
+    if ignore_eos:
+        gc.eos_token_id = []
     gc.return_dict_in_generate = False
     return gc
 
@@ -348,6 +351,7 @@ def run_benchmark(
     float32_check: bool = True,
     batch_sizes: list[int] = (1,),
     compare_drafts: dict | None = None,
+    ignore_eos: bool = False,
 ) -> dict:
     """Run every method on every question of every suite (interleaved) and return the results dict that
     ``report.write_report`` renders. ``target``/``draft`` must already sit on their device and dtype.
@@ -355,7 +359,9 @@ def run_benchmark(
     which needs memory for that copy once the runs are done. ``batch_sizes``: also run the questions of each suite in
     left-padded batches of these sizes (the methods that take batches: plain, same_forward, tree); every speed-up
     compares methods at the same batch size. ``compare_drafts``: {name: draft}, more drafts of the same target run
-    as tree methods ``tree@name`` beside ``draft``'s, on the same questions in the same run."""
+    as tree methods ``tree@name`` beside ``draft``'s, on the same questions in the same run. ``ignore_eos``: every
+    row runs ``max_new_tokens`` (a batch's time is its longest row's, so rows that stop at different places, as
+    sampled or near-tie rows do, would otherwise give methods different token counts for the same time)."""
     methods = list(dict.fromkeys(methods))
     if "plain" not in methods:
         methods.insert(0, "plain")  # speed-ups are relative to plain decoding in the same run
@@ -397,7 +403,7 @@ def run_benchmark(
     try:
         warmed = set()
         for mode, size, methods_here, suite, groups in plan:
-            gc = generation_config_for(target, mode, max_new_tokens, tokenizer)
+            gc = generation_config_for(target, mode, max_new_tokens, tokenizer, ignore_eos)
             if (mode.name, size) not in warmed:
                 _warm_up(runner, methods_here, suites, tokenizer, gc, warmup, device, size, pad_id)
                 warmed.add((mode.name, size))
@@ -442,6 +448,7 @@ def run_benchmark(
             "methods": [m.name for m in method_objs],
             "modes": [m.__dict__ | {"name": m.name} for m in modes],
             "max_new_tokens": max_new_tokens,
+            "ignore_eos": ignore_eos,
             "max_turns": max_turns,
             "lookup_tokens": lookup_tokens if "lookup" in methods else None,
             "tree": [m.tree_params for m in method_objs if m.kind == "tree"] or None,

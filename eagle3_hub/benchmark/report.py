@@ -132,7 +132,8 @@ def markdown_report(results: dict) -> str:
         f"Target: `{s.get('target')}`  Draft: `{s.get('draft')}`  ",
         f"Machine: {describe_machine(results['machine'])}  ",
         "Suites: " + ", ".join(f"{x['name']} ({x['questions']} questions)" for x in s["suites"]) + "; "
-        f"max {s['max_new_tokens']} new tokens per turn"
+        f"{'every row' if s.get('ignore_eos') else 'max'} {s['max_new_tokens']} new tokens per turn"
+        + (" (past the end-of-sequence token)" if s.get("ignore_eos") else "")
         + (f", first {s['max_turns']} turn(s) of each question" if s.get("max_turns") else "")
         + "; speed-up over plain decoding (transformers' `generate`) in the same run"
         + ("; 'vs same forward': over plain decoding through the target forward and head that tree decoding "

@@ -39,6 +39,9 @@ def add_arguments(parser: argparse.ArgumentParser):
                    help=f"comma-separated from {', '.join(METHOD_NAMES)} (plain: transformers' generate, always run; "
                         "same_forward: plain decoding through the forward and head tree decoding verifies with)")
     g.add_argument("--max-new-tokens", type=int, default=256)
+    g.add_argument("--ignore-eos", action="store_true",
+                   help="every row generates --max-new-tokens tokens, past its end-of-sequence token (as serving engines' "
+                        "throughput benchmarks run): in a batch, methods then compare on the same number of tokens")
     g.add_argument("--max-turns", type=int, default=None, help="user turns per question (MT-bench has 2; 1 = first turns only)")
     g.add_argument("--temperature", default=None, help="comma-separated; 0 = greedy (with the lossless check). E.g. 0,0.7 "
                    f"(default: 0; {BASE_MODEL_TEMPERATURES} for a target without a chat template, a base model, which "
@@ -185,6 +188,7 @@ def run(args) -> int:
         assistant_tokenizer=assistant_tok, modes=modes, max_new_tokens=args.max_new_tokens, max_turns=args.max_turns,
         tree_grid=grid, lookup_tokens=args.lookup_tokens, warmup=args.warmup, seed=args.seed,
         progress=not args.quiet, keep_outputs=args.save_outputs, float32_check=not args.no_float32_check,
+        ignore_eos=args.ignore_eos,
         batch_sizes=batch_sizes, compare_drafts=compared,
     )
     results["settings"].update(
