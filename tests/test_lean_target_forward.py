@@ -9,6 +9,8 @@ from tiny_models import make_tiny_target
 from transformers import DynamicCache
 
 from eagle3_hub import generate
+from eagle3_hub.generation.tree import lean_forward
+from eagle3_hub.generation.tree.fast_paths import pack_linear
 from eagle3_hub.generation.tree.lean_forward import LeanTargetForward, unsupported_reason
 from eagle3_hub.generation.tree.verification import forward_cache_kwarg
 
@@ -34,6 +36,13 @@ def test_lean_forward_computes_what_transformers_computes(arch, dtype):
     target = make_tiny_target(arch, dtype=dtype)
     lean = LeanTargetForward.for_model(target, forward_cache_kwarg(target))
     assert lean is not None, unsupported_reason(target)
+    assert lean.packed == (pack_linear(target.lm_head.weight) is not None)  # oneDNN-packed projections where it can
+    _same_as_transformers(target, lean, dtype)
+    if lean.packed:
+        _same_as_transformers(target, LeanTargetForward(target), dtype)  # and F.linear over the model's weights
+
+
+def _same_as_transformers(target, lean, dtype):
     g = torch.Generator().manual_seed(3)
     theirs, ours = DynamicCache(), DynamicCache()
     start = 0
@@ -75,6 +84,11 @@ def test_lean_forward_steps_aside_where_it_does_not_reproduce_the_model():
     assert LeanTargetForward.for_model(adapted.base_model.model) is None
 
     a, b = make_tiny_target("llama", seed=0), make_tiny_target("llama", seed=1)
+    with pytest.MonkeyPatch.context() as mp:  # projections oneDNN cannot pack (or too many bytes): F.linear
+        mp.setattr(lean_forward, "pack_linear", lambda *args: None)
+        assert not LeanTargetForward.for_model(b).packed
+        mp.setattr(lean_forward, "PACKED_MAX_BYTES", 0)
+        assert not LeanTargetForward.for_model(make_tiny_target("llama")).packed
     assert not LeanTargetForward(a)._agrees_with(b, forward_cache_kwarg(b))
     assert LeanTargetForward(a)._agrees_with(a, forward_cache_kwarg(a))
 
@@ -94,6 +108,11 @@ def test_lean_forward_steps_aside_where_it_does_not_reproduce_the_model():
             a.model.norm.weight.mul_(2)
         assert LeanTargetForward.for_model(a) is not None
         assert len(calls) == 2
+    # packed copies follow an in-place change of a projection (a stale copy would fail the probe: F.linear)
+    packed = LeanTargetForward.for_model(a).packed
+    with torch.no_grad():
+        a.model.layers[0].mlp.up_proj.weight.mul_(-1)
+    assert LeanTargetForward.for_model(a).packed == packed
 
 
 @pytest.mark.parametrize("arch", LEAN_ARCHS)

@@ -124,6 +124,30 @@ def test_draft_reads_the_tokens_of_steps_without_a_tree():
     assert drafter.pending[2].tolist() == [[6]]  # what was read is not read again
 
 
+def test_the_prompt_is_read_at_prefill_and_a_catch_up_read_is_not_timed_as_a_tree_step(monkeypatch):
+    """The draft reads the prompt with the prefill, so no step's time holds it; a tree after steps without one
+    reads their tokens too, and its time does not teach the controller what a tree step costs (one such slow step
+    made every tree look dear at batch 8, and the controller stopped drafting for good)."""
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    handed = force_shapes(monkeypatch, sequence=(0, 0, 0, 0))  # no tree at all: only the prompt's read
+    out = generate(target, draft, prompt(seed=2), max_new_tokens=6, eos_token_id=[], **ADAPTIVE_TREE)
+    assert len(handed) == 5 and out.stats.draft_forwards == 1
+
+    seen = []
+    real = TreeController.observe
+
+    def observe(self, rows, shape, accepted, seconds=None, looked_up=None, proposed=None):
+        seen.append((shape.depth, seconds))
+        return real(self, rows, shape, accepted, seconds, looked_up, proposed)
+
+    monkeypatch.setattr(TreeController, "observe", observe)
+    force_shapes(monkeypatch, sequence=(1, 1, 0, 0, 1, 1))
+    generate(target, draft, prompt(seed=2), max_new_tokens=20, eos_token_id=[], **ADAPTIVE_TREE)
+    timed = [seconds is not None for _, seconds in seen[:6]]
+    assert timed == [True, True, True, True, False, True]  # the first step and every step of a run are timed
+
+
 @pytest.mark.parametrize("forced", [True, False], ids=["shape-every-step", "controller"])
 def test_sampling_keeps_the_target_distribution_with_the_controller(forced, monkeypatch):
     """As test_tree_decoding's chi-square test, with the adaptive tree: rows with their own depths in the first

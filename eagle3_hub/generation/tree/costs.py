@@ -29,7 +29,7 @@ from .outputs import PhaseClock, TreeDecodingStats
 from .paused_hooks import PausedFeatureHooks
 from .verification import Tree, Verifier
 
-COSTS_FORMAT = 1  # bump when what is measured changes: older files are measured again
+COSTS_FORMAT = 2  # bump when what is measured changes (2: packed projections): older files are measured again
 CONTEXT_TOKENS = 64  # context of the measured forwards (a short prompt)
 SLOW_FORWARD_S = 0.25  # past a forward this slow, larger slot counts are extrapolated, not measured
 MIN_SLOT_POINTS = 4  # slot counts always measured (1, 2, 4, 8): where a forward's cost starts to grow
@@ -302,7 +302,7 @@ def measure(costs: StepCosts, target, draft, config: TreeConfig, rows: int, slot
             drafter = Drafter(draft, target, shape, stats)
             drafter.start(b, capacity + 8 * ACCEPTED_READ + 2 * k)
             drafter.queue(feats, torch.cat([ids[:, 1:], root[:, None]], dim=1), pos, valid)
-            drafter.draft_tree(1, next_pos, b > 1)  # the prompt into the draft's cache
+            drafter.read(b > 1)  # the prompt into the draft's cache
             A = ACCEPTED_READ
             tail = (feats[:, -A:], ids[:, -A:], pos[:, -A:], valid[:, -A:])
 

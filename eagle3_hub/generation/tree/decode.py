@@ -71,7 +71,12 @@ class TreeDecoder:
             self.streamer.put(input_ids[0].cpu())
         finished = self._emit_all([[tok] for tok in self.root.tolist()], [0] * b, [False] * b)
         self._drop_rows(finished)
+        if self.rows:  # the prompt into the draft's cache now: part of the prefill, not of a step
+            t0 = self.clock.now()
+            self.drafter.read(self.holes)
+            self.clock.add("draft_time_s", t0, self.clock.now())
 
+        drafted_last = True  # the draft has read everything before the first step
         while self.rows:
             remaining = max(self.max_new_tokens - self.generated[r] for r in self.rows)
             chain, proposed = self._lookup_chain(min(c.lookup_tokens, remaining - 1))
@@ -87,7 +92,11 @@ class TreeDecoder:
                                            max_depth=None if self.drafter.levels is not None else remaining - 1,
                                            proposed=proposed)
             accepted, looked_up = self.step(shape.depth, chain if shape.depth and shape.lookup else None, shape)
-            self.controller.observe(rows, shape, accepted, time.perf_counter() - t0, looked_up, proposed)
+            # a tree after steps without one first reads their tokens into the draft: not what a tree step costs
+            timed = shape.depth == 0 or drafted_last
+            self.controller.observe(rows, shape, accepted, time.perf_counter() - t0 if timed else None, looked_up,
+                                    proposed)
+            drafted_last = shape.depth >= 1
             if not self.controller.costs.fresh and self.controller.stale:  # a table from a busier machine
                 self.controller.replace_costs(step_costs(self.target, self.draft, c, b, slots, refresh=True))
                 self.stats.costs_measured_again = True

@@ -52,6 +52,7 @@ class Drafter:
         self.cache = TreeKVCache(1, capacity)
         self.valid = torch.zeros(b, 0, dtype=torch.bool, device=self.device)  # (b, Td) context slots that are tokens
         self.pending, self.unread = None, False
+        self.root_out = None  # the last read's draft logits (b, Vd) and hidden state (b, 1, H) at each row's root
 
     def queue(self, feats, tokens, positions, valid):
         """The accepted slots' target features (b, A, F), each with the token after it, for the next tree; after
@@ -65,6 +66,8 @@ class Drafter:
         self.cache.select_rows(idx)
         self.valid = self.valid.index_select(0, idx)
         self.pending = tuple(t.index_select(0, idx) for t in self.pending)
+        if self.root_out is not None:
+            self.root_out = tuple(t.index_select(0, idx) for t in self.root_out)
 
     # ------------------------------------------------------------------ forwards
     def forward(self, tokens, position_ids, allowed, *, features=None, hidden=None, logits_to_keep=0, cache=None):
@@ -94,35 +97,43 @@ class Drafter:
         return torch.log_softmax(logits.float(), dim=-1).clamp_max(-1e-4)
 
     # ------------------------------------------------------------------ the tree
-    def draft_tree(self, depth: int, next_pos: torch.Tensor, holes: bool, top_k: int | None = None,
-                   total_tokens: int | None = None, row_depth: torch.Tensor | None = None):
-        """Read the pending features, then build a tree of up to ``depth`` levels under each row's root (at position
-        ``next_pos`` (b,)). Returns node tokens (b, N) (target ids), parent slots (b, N) (0 = root, node i is slot
-        i+1) and depths (b, N); parents precede their children. ``top_k`` / ``total_tokens``: this step's (default:
-        the config's); ``row_depth`` (b,): each row's nodes from its first ``row_depth`` levels only."""
-        if top_k is not None:
-            self.top_k, self.total_tokens = top_k, total_tokens
+    def read(self, holes: bool):
+        """Read the pending features into the draft's context cache (``holes``: rows with masked slots), keeping the
+        draft's output at each row's root for the next tree."""
         feats, tokens, positions, valid = self.pending
         self.unread = False
         b, A = tokens.shape
-        k = self.top_k
-        Td = self.cache.length
         allowed = None  # causal over the whole draft context
         if holes:
             causal = torch.ones(A, A, dtype=torch.bool, device=self.device).tril()
-            allowed = torch.cat([self.valid[:, None, :].expand(b, A, Td), causal[None] & valid[:, None, :]], dim=-1)
+            allowed = torch.cat([self.valid[:, None, :].expand(b, A, self.cache.length), causal[None] & valid[:, None, :]],
+                                dim=-1)
         logits, hidden = self.forward(tokens, positions, allowed, features=feats, logits_to_keep=1)
         self.cache.commit()
         self.valid = torch.cat([self.valid, valid], dim=1)
-        logp = self.log_probs(logits[:, -1])  # (b, Vd)
+        self.root_out = (logits[:, -1], hidden[:, -1:])
+
+    def draft_tree(self, depth: int, next_pos: torch.Tensor, holes: bool, top_k: int | None = None,
+                   total_tokens: int | None = None, row_depth: torch.Tensor | None = None):
+        """Read the pending features (``read``), then build a tree of up to ``depth`` levels under each row's root (at
+        position ``next_pos`` (b,)). Returns node tokens (b, N) (target ids), parent slots (b, N) (0 = root, node i is
+        slot i+1) and depths (b, N); parents precede their children. ``top_k`` / ``total_tokens``: this step's (default:
+        the config's); ``row_depth`` (b,): each row's nodes from its first ``row_depth`` levels only."""
+        if top_k is not None:
+            self.top_k, self.total_tokens = top_k, total_tokens
+        if self.unread:
+            self.read(holes)
+        logits, root_hidden = self.root_out
+        k = self.top_k
+        logp = self.log_probs(logits)  # (b, Vd)
         score, draft_ids = logp.topk(k, dim=-1)  # (b, k): the root's children
         token = draft_ids + self.d2t[draft_ids]
         if self.levels is not None:  # fixed shapes (a CUDA graph on CUDA)
-            return self.levels(self, depth, score, token, hidden[:, -1:], next_pos)
+            return self.levels(self, depth, score, token, root_hidden, next_pos)
         # a node at depth d comes with its d - 1 ancestors, so no node past depth total_tokens can be selected: those
         # levels are not drafted (the same tree)
         depth = min(depth, self.total_tokens)
-        tree = self.grow(depth, score, token, hidden[:, -1:], self.valid[:, None, :], self.cache, next_pos, row_depth)
+        tree = self.grow(depth, score, token, root_hidden, self.valid[:, None, :], self.cache, next_pos, row_depth)
         self.cache.rollback()  # the tree's draft slots are not context
         return tree
 

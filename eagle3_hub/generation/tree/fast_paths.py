@@ -28,42 +28,47 @@ LEAN_FORWARD_DEVICES = ("cpu",)
 _packed_heads: weakref.WeakKeyDictionary[torch.nn.Linear, tuple] = weakref.WeakKeyDictionary()
 
 
-def packed_head(head) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """``hidden (..., in) -> logits (..., out)`` through a oneDNN-packed copy of a float32 or bfloat16 CPU ``nn.Linear``
-    (cached while its weight is unchanged; the copy costs the head's memory once more), or None where oneDNN is
-    missing or disagrees with ``F.linear`` on random rows. The kernels sum in different orders, as ``F.linear``
-    does itself for different row counts (~1e-6)."""
-    if not isinstance(head, torch.nn.Linear) or head._forward_hooks or head._forward_pre_hooks:
-        return None
-    w = head.weight.detach()
-    bias = None if head.bias is None else head.bias.detach()
+def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``x (..., in) -> x @ weight.T + bias`` through a oneDNN-packed copy of a float32 or bfloat16 CPU ``weight``
+    (out, in) (the copy costs its memory once more), or None where oneDNN is missing or disagrees with ``F.linear``
+    on random rows. The kernels sum in different orders, as ``F.linear`` does itself for different row counts
+    (~1e-6)."""
+    w = weight.detach()
+    bias = None if bias is None else bias.detach()
     if w.device.type != "cpu" or w.dtype not in PACKED_HEAD_DTYPES or not torch.backends.mkldnn.is_available():
         return None
     if w.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return None
-    key = (w.data_ptr(), head.weight._version, None if bias is None else (bias.data_ptr(), head.bias._version))
-    hit = _packed_heads.get(head)
-    if hit is not None and hit[0] == key:
-        packed = hit[1]
-    else:
-        try:
-            packed = torch.ops.mkldnn._reorder_linear_weight(w, PACKED_HEAD_ROWS)
-            x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.dtype)
-            got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
-        except (RuntimeError, AttributeError, NotImplementedError):  # a torch build without these oneDNN ops
-            return None
-        ref = F.linear(x, w, bias)
-        rtol = PACKED_HEAD_DTYPES[w.dtype]
-        if got.shape != ref.shape or got.dtype != ref.dtype or not torch.allclose(
-            got.float(), ref.float(), rtol=rtol, atol=rtol * 0.1 * float(ref.abs().max())
-        ):
-            return None
-        _packed_heads[head] = (key, packed)
+    try:
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACKED_HEAD_ROWS)
+        x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.dtype)
+        got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+    except (RuntimeError, AttributeError, NotImplementedError):  # a torch build without these oneDNN ops
+        return None
+    ref = F.linear(x, w, bias)
+    rtol = PACKED_HEAD_DTYPES[w.dtype]
+    if got.shape != ref.shape or got.dtype != ref.dtype or not torch.allclose(
+        got.float(), ref.float(), rtol=rtol, atol=rtol * 0.1 * float(ref.abs().max())
+    ):
+        return None
 
-    def forward(hidden: torch.Tensor) -> torch.Tensor:
-        return torch.ops.mkldnn._linear_pointwise(hidden, packed, bias, "none", [], "")
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
     return forward
+
+
+def packed_head(head) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """``pack_linear`` of an ``nn.Linear`` head without hooks, cached while its weight is unchanged."""
+    if not isinstance(head, torch.nn.Linear) or head._forward_hooks or head._forward_pre_hooks:
+        return None
+    w, bias = head.weight, head.bias
+    key = (w.data_ptr(), w._version, None if bias is None else (bias.data_ptr(), bias._version))
+    hit = _packed_heads.get(head)
+    if hit is None or hit[0] != key:
+        hit = (key, pack_linear(w, bias))
+        _packed_heads[head] = hit
+    return hit[1]
 
 
 def argmax(scores: torch.Tensor) -> torch.Tensor:

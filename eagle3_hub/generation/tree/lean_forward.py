@@ -17,18 +17,24 @@ forward. Self-contained (torch only): a draft's ``custom_generate/`` carries a c
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
+
+from .fast_paths import pack_linear
 
 LAYER_CLASSES = ("LlamaDecoderLayer", "MistralDecoderLayer", "Qwen2DecoderLayer", "Qwen3DecoderLayer")
 NORM_CLASSES = ("LlamaRMSNorm", "MistralRMSNorm", "Qwen2RMSNorm", "Qwen3RMSNorm")
 SILU_CLASSES = ("SiLU", "SiLUActivation")
 # up to this many query rows per key/value head, a group's query heads attend folded (faster on a CPU; past it, slower)
 FOLD_MAX_ROWS = 24
-# the probe's verdict per model, while its weights are the same tensors at the same versions
+# the decoder's projections are packed for oneDNN (a copy: their memory once more) up to this many bytes of weights
+PACKED_MAX_BYTES = 2 << 30
+# per model, while its weights are the same tensors at the same versions: the probe's verdict, the packed projections
 _verdicts: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
+_packed: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
 class _Norm(NamedTuple):
@@ -38,16 +44,56 @@ class _Norm(NamedTuple):
 
 class _Layer(NamedTuple):
     input_norm: _Norm
-    q: torch.nn.Linear
-    k: torch.nn.Linear
-    v: torch.nn.Linear
+    qkv: Callable  # h -> (q, k, v) projections
     q_norm: _Norm | None  # Qwen3: RMSNorm over each head's query / key
     k_norm: _Norm | None
-    o: torch.nn.Linear
+    o: Callable
     post_norm: _Norm
-    gate: torch.nn.Linear
-    up: torch.nn.Linear
-    down: torch.nn.Linear
+    gate_up: Callable  # h -> (gate, up) projections
+    down: Callable
+
+
+def _projections(layer) -> tuple[Callable, Callable, Callable, Callable]:
+    """(qkv, o, gate_up, down) over the layer's own weights (no copy)."""
+    attn, mlp = layer.self_attn, layer.mlp
+
+    def qkv(h):
+        return _linear(h, attn.q_proj), _linear(h, attn.k_proj), _linear(h, attn.v_proj)
+
+    def gate_up(h):
+        return _linear(h, mlp.gate_proj), _linear(h, mlp.up_proj)
+
+    return qkv, attn.o_proj.forward, gate_up, mlp.down_proj.forward
+
+
+def _packed_projections(layer) -> tuple[Callable, Callable, Callable, Callable] | None:
+    """(qkv, o, gate_up, down) through oneDNN-packed copies, q/k/v and gate/up each as one product (on a CPU, a few
+    rows through a packed weight take about half F.linear's time), or None where a projection cannot be packed."""
+    attn, mlp = layer.self_attn, layer.mlp
+    qkv_layers = (attn.q_proj, attn.k_proj, attn.v_proj)
+    sizes = [m.out_features for m in qkv_layers]
+    bias = None
+    if any(m.bias is not None for m in qkv_layers):
+        bias = torch.cat([m.bias if m.bias is not None else m.weight.new_zeros(m.out_features) for m in qkv_layers])
+    packed = (
+        pack_linear(torch.cat([m.weight for m in qkv_layers]), bias),
+        pack_linear(attn.o_proj.weight, attn.o_proj.bias),
+        pack_linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+                    None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])),
+        pack_linear(mlp.down_proj.weight, mlp.down_proj.bias),
+    )
+    if any(f is None for f in packed):
+        return None
+    qkv_f, o_f, gate_up_f, down_f = packed
+    split = mlp.gate_proj.out_features
+
+    def qkv(h):
+        return qkv_f(h).split(sizes, dim=-1)
+
+    def gate_up(h):
+        return gate_up_f(h).split(split, dim=-1)
+
+    return qkv, o_f, gate_up, down_f
 
 
 def _norm(module) -> _Norm:
@@ -124,21 +170,20 @@ class LeanTargetForward:
     """``(ids, position_ids, mask, cache) -> (final normed hidden states, hidden states)`` of a Llama-family
     target, the same as ``model(..., output_hidden_states=True)`` computes them. Build with ``for_model``."""
 
-    def __init__(self, model):
+    def __init__(self, model, projections: list[tuple] | None = None):
+        """``projections``: per layer (qkv, o, gate_up, down), default ``_projections``."""
         body = model.model
         self.embed = body.embed_tokens
         self.rotary = body.rotary_emb
         self.final_norm = _norm(body.norm)
+        self.packed = projections is not None
+        projections = projections or [_projections(layer) for layer in body.layers]
         self.layers = []
-        for layer in body.layers:
-            attn, mlp = layer.self_attn, layer.mlp
+        for layer, (qkv, o, gate_up, down) in zip(body.layers, projections):
+            attn = layer.self_attn
             q_norm, k_norm = (_norm(attn.q_norm), _norm(attn.k_norm)) if hasattr(attn, "q_norm") else (None, None)
-            self.layers.append(
-                _Layer(
-                    _norm(layer.input_layernorm), attn.q_proj, attn.k_proj, attn.v_proj, q_norm, k_norm,
-                    attn.o_proj, _norm(layer.post_attention_layernorm), mlp.gate_proj, mlp.up_proj, mlp.down_proj,
-                )
-            )
+            self.layers.append(_Layer(_norm(layer.input_layernorm), qkv, q_norm, k_norm, o,
+                                      _norm(layer.post_attention_layernorm), gate_up, down))
         attn = body.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
@@ -147,17 +192,24 @@ class LeanTargetForward:
 
     @classmethod
     def for_model(cls, model, cache_kwarg: str = "past_key_values") -> LeanTargetForward | None:
-        """A lean forward of ``model``, or None where ``unsupported_reason`` finds one or the probe (run once
-        while the weights are unchanged) sees its output differ from transformers' forward."""
+        """A lean forward of ``model`` (its projections packed where oneDNN can and they take at most
+        ``PACKED_MAX_BYTES``), or None where ``unsupported_reason`` finds one or the probe (run once while the
+        weights are unchanged) sees its output differ from transformers' forward, packed and not."""
         if unsupported_reason(model) is not None:
             return None
-        lean = cls(model)
         signature = _weights_signature(model)
-        hit = _verdicts.get(model)
+        hit = _packed.get(model)
         if hit is None or hit[0] != signature:
-            hit = (signature, lean._agrees_with(model, cache_kwarg))
-            _verdicts[model] = hit
-        return lean if hit[1] else None
+            weights = sum(p.numel() * p.element_size() for layer in model.model.layers for p in layer.parameters())
+            layers = [_packed_projections(layer) for layer in model.model.layers] if weights <= PACKED_MAX_BYTES else []
+            hit = (signature, layers if layers and all(p is not None for p in layers) else None)
+            _packed[model] = hit
+        candidates = ([cls(model, hit[1])] if hit[1] is not None else []) + [cls(model)]
+        verdict = _verdicts.get(model)
+        if verdict is None or verdict[0] != signature:
+            verdict = (signature, next((lean.packed for lean in candidates if lean._agrees_with(model, cache_kwarg)), None))
+            _verdicts[model] = verdict
+        return next((lean for lean in candidates if lean.packed == verdict[1]), None)
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache):
@@ -175,22 +227,23 @@ class LeanTargetForward:
         folded_mask = mask.repeat(1, 1, self.groups, 1) if fold and mask is not None else None
         for i, p in enumerate(self.layers):
             h = _rms_norm(x, p.input_norm)
-            q = _linear(h, p.q).view(b, s, -1, d)
-            k = _linear(h, p.k).view(b, s, -1, d)
+            q, k, v = p.qkv(h)
+            q, k = q.view(b, s, -1, d), k.view(b, s, -1, d)
             if p.q_norm is not None:
                 q, k = _rms_norm(q, p.q_norm), _rms_norm(k, p.k_norm)
             q = _rotate(q.transpose(1, 2), cos, sin)  # (b, h, s, d)
             k = _rotate(k.transpose(1, 2), cos, sin)  # (b, h_kv, s, d)
-            v = _linear(h, p.v).view(b, s, -1, d).transpose(1, 2)
+            v = v.reshape(b, s, -1, d).transpose(1, 2)
             k, v = cache.update(k, v, i)  # (b, h_kv, kv, d)
             if fold:  # query head h reads key/value head h // groups: (b, h_kv, groups * s, d)
                 a = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, d), k, v, attn_mask=folded_mask,
                                                    scale=self.scaling).view(b, -1, s, d)
             else:
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.groups > 1)
-            x = x + _linear(a.transpose(1, 2).reshape(b, s, -1), p.o)
+            x = x + p.o(a.transpose(1, 2).reshape(b, s, -1))
             h = _rms_norm(x, p.post_norm)
-            x = x + _linear(F.silu(_linear(h, p.gate)) * _linear(h, p.up), p.down)
+            gate, up = p.gate_up(h)
+            x = x + p.down(F.silu(gate) * up)
             states.append(x)
         last = _rms_norm(x, self.final_norm)
         states[-1] = last

@@ -45,6 +45,9 @@ class TargetProposer:
     def queue(self, *pending):
         """The draft's features are not needed: the target reads the tokens themselves."""
 
+    def read(self, holes: bool):
+        """The target reads each row's new tokens when it drafts (``draft_tree``)."""
+
     def select_rows(self, idx: torch.Tensor):
         keep = idx.tolist()
         self.caches = [self.caches[i] for i in keep]
