@@ -1,8 +1,8 @@
 """CPU fast paths of a verification: the logits of the needed tree slots only, through a oneDNN-packed head.
 
 On a CPU a small model's output head is a large share of a step, and ``F.linear`` over a few rows runs far below
-the bandwidth one row reaches; oneDNN with the weight packed once for small batches does not. The lean target
-forward (``lean_forward.py``) is the other CPU fast path.
+the bandwidth one row reaches; oneDNN with the weight packed once for small batches does not (``pack_linear``; the
+lean target forward, ``lean_forward.py``, packs its projections the same way).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ LOGITS_SUBSET_DEVICES = ("cpu",)
 # ...rounded up to a multiple of this many rows (MKL's small-batch sgemm is much slower for 3 or 7 rows than for
 # 4 or 8; the extra rows are other slots' logits, read for free)
 LOGITS_ROWS_MULTIPLE = 4
-PACKED_HEAD_ROWS = 8  # the batch size a packed head is packed for
-# dtypes a head is packed for, with the check's relative tolerance (a few roundings of the dtype)
-PACKED_HEAD_DTYPES = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
+PACKED_ROWS = 8  # the batch size a weight is packed for
+# dtypes a weight is packed for, with the check's relative tolerance (a few roundings of the dtype)
+PACKED_DTYPES = {torch.float32: 1e-4, torch.bfloat16: 2e-2}
 # device types on which verifications run through LeanTargetForward where it reproduces the target
 LEAN_FORWARD_DEVICES = ("cpu",)
 
@@ -35,18 +35,18 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Calla
     (~1e-6)."""
     w = weight.detach()
     bias = None if bias is None else bias.detach()
-    if w.device.type != "cpu" or w.dtype not in PACKED_HEAD_DTYPES or not torch.backends.mkldnn.is_available():
+    if w.device.type != "cpu" or w.dtype not in PACKED_DTYPES or not torch.backends.mkldnn.is_available():
         return None
     if w.dtype == torch.bfloat16 and not torch.ops.mkldnn._is_mkldnn_bf16_supported():
         return None
     try:
-        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACKED_HEAD_ROWS)
+        packed = torch.ops.mkldnn._reorder_linear_weight(w, PACKED_ROWS)
         x = torch.randn(3, w.shape[1], generator=torch.Generator().manual_seed(0)).to(w.dtype)
         got = torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
     except (RuntimeError, AttributeError, NotImplementedError):  # a torch build without these oneDNN ops
         return None
     ref = F.linear(x, w, bias)
-    rtol = PACKED_HEAD_DTYPES[w.dtype]
+    rtol = PACKED_DTYPES[w.dtype]
     if got.shape != ref.shape or got.dtype != ref.dtype or not torch.allclose(
         got.float(), ref.float(), rtol=rtol, atol=rtol * 0.1 * float(ref.abs().max())
     ):

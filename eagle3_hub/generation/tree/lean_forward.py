@@ -3,15 +3,16 @@
 transformers' forward of a small model spends a large share of a CPU step outside its matrix products: module
 calls, keyword plumbing, the capture of hidden states, and, for a grouped-query model given a mask (a tree's), a
 copy of every layer's keys and values for each query head (``repeat_kv``). ``LeanTargetForward`` runs the same
-computation over the model's own weights (no copy) as plain tensor ops, with SDPA's grouped-query mode, and gives
-the same hidden states. A step of few queries (a plain step, a small tree) attends with each group's query heads
+computation as plain tensor ops, with SDPA's grouped-query mode, and gives the same hidden states. Its projections
+multiply by oneDNN-packed copies of the weights (q/k/v and gate/up each one product) where oneDNN can, else by the
+model's own weights. A step of few queries (a plain step, a small tree) attends with each group's query heads
 folded into the query length, one head per key/value head: the same rows of the same products, and on a CPU in
 bfloat16 several times faster than SDPA's one-query-per-head path.
 
 It reproduces Llama, Mistral, Qwen2 and Qwen3 decoders (sdpa attention, SiLU MLP, RMSNorm, optional q/k/v biases,
 Qwen3's q/k norms) and nothing else: ``LeanTargetForward.for_model`` returns None for any other model, for one with
 adapters, hooks or offloading on its layers, and for one whose output a probe finds different from transformers'
-forward. Self-contained (torch only): a draft's ``custom_generate/`` carries a copy next to ``generate.py``.
+forward. Torch only (and ``fast_paths.py``): a draft's ``custom_generate/`` carries a copy next to ``generate.py``.
 """
 
 from __future__ import annotations
