@@ -126,8 +126,8 @@ def test_draft_reads_the_tokens_of_steps_without_a_tree():
 
 def test_the_prompt_is_read_at_prefill_and_a_catch_up_read_is_not_timed_as_a_tree_step(monkeypatch):
     """The draft reads the prompt with the prefill, so no step's time holds it; a tree after steps without one
-    reads their tokens too, and its time does not teach the controller what a tree step costs (one such slow step
-    made every tree look dear at batch 8, and the controller stopped drafting for good)."""
+    reads their tokens too, and its time does not teach the controller what a tree step costs (counted, one such
+    slow step makes every tree look dear and the controller stops drafting)."""
     target = make_tiny_target("llama")
     draft = copy_draft(target)
     handed = force_shapes(monkeypatch, sequence=(0, 0, 0, 0))  # no tree at all: only the prompt's read

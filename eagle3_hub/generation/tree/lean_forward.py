@@ -33,9 +33,9 @@ SILU_CLASSES = ("SiLU", "SiLUActivation")
 FOLD_MAX_ROWS = 24
 # the decoder's projections are packed for oneDNN (a copy: their memory once more) up to this many bytes of weights
 PACKED_MAX_BYTES = 2 << 30
-# per model, while its weights are the same tensors at the same versions: the probe's verdict, the packed projections
+# per model, while its weights are the same tensors at the same versions: its packed projections (or None) and the
+# probe's verdict (True: packed, False: the model's own weights, None: no lean forward)
 _verdicts: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
-_packed: weakref.WeakKeyDictionary[torch.nn.Module, tuple] = weakref.WeakKeyDictionary()
 
 
 class _Norm(NamedTuple):
@@ -69,7 +69,7 @@ def _projections(layer) -> tuple[Callable, Callable, Callable, Callable]:
 
 def _packed_projections(layer) -> tuple[Callable, Callable, Callable, Callable] | None:
     """(qkv, o, gate_up, down) through oneDNN-packed copies, q/k/v and gate/up each as one product (on a CPU, a few
-    rows through a packed weight take about half F.linear's time), or None where a projection cannot be packed."""
+    rows through a packed weight take less time than through F.linear), or None where a projection cannot be packed."""
     attn, mlp = layer.self_attn, layer.mlp
     qkv_layers = (attn.q_proj, attn.k_proj, attn.v_proj)
     sizes = [m.out_features for m in qkv_layers]
@@ -95,6 +95,16 @@ def _packed_projections(layer) -> tuple[Callable, Callable, Callable, Callable] 
         return gate_up_f(h).split(split, dim=-1)
 
     return qkv, o_f, gate_up, down_f
+
+
+def _packed_decoder(model) -> list[tuple] | None:
+    """Every layer's ``_packed_projections``, or None where one cannot be packed or the layers' weights take more
+    than ``PACKED_MAX_BYTES``."""
+    layers = model.model.layers
+    if sum(p.numel() * p.element_size() for layer in layers for p in layer.parameters()) > PACKED_MAX_BYTES:
+        return None
+    packed = [_packed_projections(layer) for layer in layers]
+    return None if any(p is None for p in packed) else packed
 
 
 def _norm(module) -> _Norm:
@@ -199,18 +209,15 @@ class LeanTargetForward:
         if unsupported_reason(model) is not None:
             return None
         signature = _weights_signature(model)
-        hit = _packed.get(model)
+        hit = _verdicts.get(model)
         if hit is None or hit[0] != signature:
-            weights = sum(p.numel() * p.element_size() for layer in model.model.layers for p in layer.parameters())
-            layers = [_packed_projections(layer) for layer in model.model.layers] if weights <= PACKED_MAX_BYTES else []
-            hit = (signature, layers if layers and all(p is not None for p in layers) else None)
-            _packed[model] = hit
-        candidates = ([cls(model, hit[1])] if hit[1] is not None else []) + [cls(model)]
-        verdict = _verdicts.get(model)
-        if verdict is None or verdict[0] != signature:
-            verdict = (signature, next((lean.packed for lean in candidates if lean._agrees_with(model, cache_kwarg)), None))
-            _verdicts[model] = verdict
-        return next((lean for lean in candidates if lean.packed == verdict[1]), None)
+            projections = _packed_decoder(model)
+            tries = ([projections] if projections is not None else []) + [None]
+            packed = next((p is not None for p in tries if cls(model, p)._agrees_with(model, cache_kwarg)), None)
+            hit = (signature, projections if packed else None, packed)
+            _verdicts[model] = hit
+        _, projections, packed = hit
+        return None if packed is None else cls(model, projections if packed else None)
 
     @torch.no_grad()
     def __call__(self, ids: torch.Tensor, position_ids: torch.Tensor, mask: torch.Tensor, cache):
