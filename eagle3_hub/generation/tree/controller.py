@@ -4,10 +4,12 @@ A step of depth d verifies ``nodes(d)`` draft nodes per row (the configured tree
 in proportion) and yields per row ``1 + sum_{j<=d} prod_{i<=j} alpha_i``, where ``alpha_i`` is that row's running
 chance (an exponential moving average) that draft position i is accepted once position i - 1 was. It costs
 ``verify(rows, 1 + nodes(d) + lookup) + draft(rows, d) + residual`` from the machine's measured costs
-(``costs.py``); the residual, an average of each kind of step's measured time minus the modelled part, covers what
-the table leaves out (acceptance, compaction, host work). Depth 0 is no tree: one token per row through the same
-forward. The controller picks the depth with the most expected tokens per second over the batch's rows; finished
-rows have left the batch and weigh nothing.
+(``costs.py``); the residual, a median of each kind of step's measured time minus the modelled part, covers what
+the table leaves out (acceptance, compaction, host work, a context longer than the table's). The kinds are no tree,
+a tree, and a tree with the lookup branch: a branch's slots form a chain whose every slot needs logits, and a batch's
+branch of new width after new width runs far past the table's tree of as many slots, an error a tree's residual
+hides. Depth 0 is no tree: one token per row through the same forward. The controller picks the depth with the
+most expected tokens per second over the batch's rows; finished rows have left the batch and weigh nothing.
 
 The lookup branch (tokens copied from the text so far) rides with a tree only when it pays: its slots are verified
 for every row, which a CPU at batch 1 barely notices and a batch of 8 pays for at full price. Each row keeps a
@@ -47,6 +49,11 @@ LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this shar
 # Steps run this much faster than the table says (the median of a kind's last RESIDUAL_STEPS): the table was measured
 # while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
 STALE_RATIO = 0.6
+KINDS = ("none", "tree", "lookup")  # the kinds of step whose residuals are kept apart
+
+
+def step_kind(depth: int, lookup: int = 0) -> str:
+    return "none" if depth < 1 else "lookup" if lookup else "tree"
 
 
 @dataclass(frozen=True)
@@ -94,14 +101,19 @@ class TreeController:
         self.config, self.costs, self.row_depths, self.prior = config, costs, row_depths, prior
         self.alpha = torch.full((rows, config.depth), prior, dtype=torch.float64)
         self.lookup_gain = torch.full((rows,), LOOKUP_PRIOR, dtype=torch.float64)
-        # seconds per step the cost table leaves out, by kind (tree steps, plain steps): the median of the last
-        # RESIDUAL_STEPS, so that a one-off (a first shape's warm-up, another process) does not decide
+        # seconds per step the cost table leaves out, by kind (``kind``): the median of the last RESIDUAL_STEPS, so
+        # that a one-off (a first shape's warm-up, another process) does not decide
         self._forget_times()
         self.chosen: dict[str, int] = {}
 
     def _forget_times(self):
-        self.residual = {True: 0.0, False: 0.0}
-        self.recent: dict[bool, list[tuple[float, float]]] = {True: [], False: []}  # (measured, modelled) seconds
+        self.residual = {kind: 0.0 for kind in KINDS}
+        self.recent: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}  # (measured, modelled) s
+
+    def residual_of(self, depth: int, lookup: int = 0) -> float:
+        """The residual of a step's kind; a kind not seen yet borrows the tree's (a lookup step is a tree step)."""
+        kind = step_kind(depth, lookup)
+        return self.residual[kind] if self.recent[kind] else self.residual[step_kind(depth)]
 
     # ------------------------------------------------------------------ the choice
     def shape(self, depth: int) -> StepShape:
@@ -135,11 +147,10 @@ class TreeController:
             gain = float(self.lookup_gain[holders].sum())
         best, best_lookup, best_rate = 0, 0, -1.0
         for depth in range(top + 1):
-            tree = depth >= 1
             tokens = float(self.expected_tokens(rows, depth).sum())
-            for m in (0, lookup) if tree and lookup else (0,):
+            for m in (0, lookup) if depth >= 1 and lookup else (0,):
                 modelled = self.step_seconds(len(rows), depth, m)
-                seconds = max(modelled + self.residual[tree], 0.1 * modelled, 1e-9)
+                seconds = max(modelled + self.residual_of(depth, m), 0.1 * modelled, 1e-9)
                 rate = (tokens + (gain if m else 0.0)) / seconds
                 if rate > best_rate:
                     best, best_lookup, best_rate = depth, m, rate
@@ -181,11 +192,11 @@ class TreeController:
         else:
             self.lookup_gain[rows] += LOOKUP_RELAX * (LOOKUP_PRIOR - self.lookup_gain[rows])
         if seconds is not None:
-            tree = depth >= 1
-            recent = self.recent[tree]
+            kind = step_kind(depth, shape.lookup)
+            recent = self.recent[kind]
             recent.append((seconds, self.step_seconds(len(rows), depth, shape.lookup)))
             del recent[:-RESIDUAL_STEPS]
-            self.residual[tree] = _median([t - m for t, m in recent])
+            self.residual[kind] = _median([t - m for t, m in recent])
 
     @property
     def stale(self) -> bool:

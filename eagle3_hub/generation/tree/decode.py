@@ -118,6 +118,8 @@ class TreeDecoder:
         (host work while the device is idle); ``shape`` the adaptive controller's choice (default: the config's).
         Returns, per row active at the start, the draft tokens it accepted and whether they came along the lookup
         branch."""
+        if depth < 1 and chain is None:
+            return self.plain_step()
         b = len(self.rows)
         # 1. propose: the draft tree next to the lookup branch
         if depth >= 1:
@@ -173,6 +175,30 @@ class TreeDecoder:
         self.root = bonus
         self._drop_rows(finished)
         return accepted_rows, looked_up
+
+    def plain_step(self) -> tuple[list[int], list[bool]]:
+        """A step without a tree: one token per row through the same verification, chosen as plain decoding chooses
+        it (no walk over an empty tree: a batch that stopped drafting runs at the same forward's pace)."""
+        b = len(self.rows)
+        none = torch.zeros(b, 0, dtype=torch.long, device=self.device)
+        tree = Tree.build(self.root, none, none, none, None, 0)
+        logits, feats, _, q_pos = self.verifier.verify(tree, self.next_pos, self.verifier.logits_rows(tree))
+        for r in self.rows:
+            self.forwards[r] += 1
+        empty = none[0]
+        token = self.processing.next_token(logits[:, -1], lambda: [self._history(i, empty) for i in range(b)])
+        finished = self._emit_all([[t] for t in token.tolist()], [0] * b, [False] * b)
+        self.stats.steps += 1
+        if len(finished) == b:
+            self.rows = []
+        else:
+            valid = torch.ones(b, 1, dtype=torch.bool, device=self.device)
+            self.verifier.commit(torch.zeros(b, 1, dtype=torch.long, device=self.device), valid, q_pos)
+            self.drafter.queue(feats, token[:, None], q_pos, valid)
+            self.next_pos = self.next_pos + 1
+            self.root = token
+            self._drop_rows(finished)
+        return [0] * b, [False] * b
 
     # ------------------------------------------------------------------ helpers
     def _lookup_chain(self, lookup: int) -> tuple[torch.Tensor | None, list[bool] | None]:

@@ -51,21 +51,29 @@ class Drafter:
     def start(self, b: int, capacity: int):
         self.cache = TreeKVCache(1, capacity)
         self.valid = torch.zeros(b, 0, dtype=torch.bool, device=self.device)  # (b, Td) context slots that are tokens
-        self.pending, self.unread = None, False
+        self.pending: list[tuple] = []  # (features, tokens, positions, valid) of each step, oldest first
         self.root_out = None  # the last read's draft logits (b, Vd) and hidden state (b, 1, H) at each row's root
 
     def queue(self, feats, tokens, positions, valid):
         """The accepted slots' target features (b, A, F), each with the token after it, for the next tree; after
-        those of steps without a tree, which the draft has not read yet."""
-        new = (feats, tokens, positions, valid)
-        if self.unread:
-            new = tuple(torch.cat([old, t], dim=1) for old, t in zip(self.pending, new))
-        self.pending, self.unread = new, True
+        those of steps without a tree, which the draft has not read yet (kept as they came: joined once, when read,
+        so a long run without a tree copies nothing per step)."""
+        self.pending.append((feats, tokens, positions, valid))
+
+    @property
+    def unread(self) -> bool:
+        return bool(self.pending)
+
+    def waiting(self) -> tuple:
+        """What the next read takes: the queued steps' (features, tokens, positions, valid), joined in order."""
+        if len(self.pending) > 1:
+            self.pending = [tuple(torch.cat(parts, dim=1) for parts in zip(*self.pending))]
+        return self.pending[0]
 
     def select_rows(self, idx: torch.Tensor):
         self.cache.select_rows(idx)
         self.valid = self.valid.index_select(0, idx)
-        self.pending = tuple(t.index_select(0, idx) for t in self.pending)
+        self.pending = [tuple(t.index_select(0, idx) for t in self.waiting())] if self.pending else []
         if self.root_out is not None:
             self.root_out = tuple(t.index_select(0, idx) for t in self.root_out)
 
@@ -100,8 +108,8 @@ class Drafter:
     def read(self, holes: bool):
         """Read the pending features into the draft's context cache (``holes``: rows with masked slots), keeping the
         draft's output at each row's root for the next tree."""
-        feats, tokens, positions, valid = self.pending
-        self.unread = False
+        feats, tokens, positions, valid = self.waiting()
+        self.pending = []
         b, A = tokens.shape
         allowed = None  # causal over the whole draft context
         if holes:
