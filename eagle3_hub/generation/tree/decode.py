@@ -158,22 +158,15 @@ class TreeDecoder:
         accepted_rows, looked_up = [h[0] for h in host], [bool(h[2]) for h in host]
         finished = self._emit_all([h[3 + W - h[0] :] + [h[1]] for h in host], accepted_rows, looked_up)
         self.stats.steps += 1
-        if len(finished) == b:
-            self.rows = []
-            return accepted_rows, looked_up
 
         # 4. compact: the target cache keeps the accepted paths; their features go to the draft
         A = max(h[0] for h in host) + 1
         slots = path[:, W - A :]  # (b, A) right-aligned, -1 = hole (a row that accepted fewer)
         valid = slots >= 0
         slots = slots.clamp(min=0)
-        positions = q_pos.gather(1, slots)
-        self.verifier.commit(slots, valid, positions)
-        pending = torch.cat([path_tok[:, W - A + 1 :], bonus[:, None]], dim=1)  # the token after each slot
-        self.drafter.queue(feats.gather(1, slots[:, :, None].expand(b, A, feats.shape[-1])), pending, positions, valid)
-        self.next_pos = self.next_pos + accepted + 1
-        self.root = bonus
-        self._drop_rows(finished)
+        kept = feats.gather(1, slots[:, :, None].expand(b, A, feats.shape[-1]))
+        after = torch.cat([path_tok[:, W - A + 1 :], bonus[:, None]], dim=1)  # the token after each slot
+        self._advance(finished, slots, valid, q_pos.gather(1, slots), kept, after, accepted + 1, bonus)
         return accepted_rows, looked_up
 
     def plain_step(self) -> tuple[list[int], list[bool]]:
@@ -189,18 +182,25 @@ class TreeDecoder:
         token = self.processing.next_token(logits[:, -1], lambda: [self._history(i, empty) for i in range(b)])
         finished = self._emit_all([[t] for t in token.tolist()], [0] * b, [False] * b)
         self.stats.steps += 1
-        if len(finished) == b:
-            self.rows = []
-        else:
-            valid = torch.ones(b, 1, dtype=torch.bool, device=self.device)
-            self.verifier.commit(torch.zeros(b, 1, dtype=torch.long, device=self.device), valid, q_pos)
-            self.drafter.queue(feats, token[:, None], q_pos, valid)
-            self.next_pos = self.next_pos + 1
-            self.root = token
-            self._drop_rows(finished)
+        valid = torch.ones(b, 1, dtype=torch.bool, device=self.device)
+        slots = torch.zeros(b, 1, dtype=torch.long, device=self.device)
+        self._advance(finished, slots, valid, q_pos, feats, token[:, None], 1, token)
         return [0] * b, [False] * b
 
     # ------------------------------------------------------------------ helpers
+    def _advance(self, finished: list[int], slots: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor,
+                 feats: torch.Tensor, after: torch.Tensor, advance, root: torch.Tensor) -> None:
+        """End a step: the target cache keeps ``slots`` (b, A) where ``valid``, the draft queues their features with
+        the token after each, every row moves ``advance`` positions on to ``root``, and finished rows leave."""
+        if len(finished) == len(self.rows):
+            self.rows = []
+            return
+        self.verifier.commit(slots, valid, positions)
+        self.drafter.queue(feats, after, positions, valid)
+        self.next_pos = self.next_pos + advance
+        self.root = root
+        self._drop_rows(finished)
+
     def _lookup_chain(self, lookup: int) -> tuple[torch.Tensor | None, list[bool] | None]:
         """(b, m) the lookup branch's tokens per row, padded (a padding token is verified like any other guess), and
         per row whether it proposed any; (None, None) when no row did."""
