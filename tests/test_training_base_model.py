@@ -82,11 +82,30 @@ def test_documents_become_openings_and_their_continuations(tmp_path):
     assert web[0]["messages"][0]["content"].startswith("Page 0.")
 
 
+def test_a_text_source_reads_code_files_when_it_names_their_endings(tmp_path):
+    from eagle3_hub.training.sources import load_source, text_samples
+
+    folder, _, docs = documents(tmp_path / "docs")
+    code = "def area(r):\n    \"\"\"The area of a circle of radius r.\"\"\"\n    return 3.14159 * r * r\n" * 4
+    (folder / "lib").mkdir()
+    (folder / "lib" / "geometry.py").write_text(code)
+    (folder / "lib" / "geometry.pyc").write_bytes(b"\x00\x01")  # another ending: never read
+    read = {json.dumps(m) for m in load_source({"path": str(folder), "kind": "text"})["messages"]}
+    assert read == {json.dumps(s["messages"]) for s in text_samples(docs)}  # by default .txt and .md only
+    py = load_source({"path": str(folder), "kind": "text", "suffixes": [".py"]})
+    assert {json.dumps(m) for m in py["messages"]} == {json.dumps(s["messages"]) for s in text_samples([code])}
+    both = load_source({"path": str(folder), "kind": "text", "suffixes": [".py", ".txt", ".md"]})
+    assert len(both) == len(py) + len(read)
+
+
 @pytest.mark.parametrize("source, says", [
     ({"kind": "txt"}, "kind must be chat .* or text"),
     ({"opening_chars": 100}, "opening_chars belong to documents: add `kind: text`"),
     ({"kind": "text", "max_chars": 0}, "max_chars must be a positive integer"),
     ({"kind": "text", "field": "body"}, "reads each record's `body` field, but its fields are text, url"),
+    ({"kind": "text", "suffixes": ["py"]}, r"suffixes must list the endings .* each with its dot \(e.g. \[.py, .c\]\)"),
+    ({"kind": "text", "suffixes": [".jsonl"]}, "suffixes name text files; .json, .jsonl and .parquet files are read as"),
+    ({"suffixes": [".py"]}, "suffixes belong to documents: add `kind: text`"),
 ])
 def test_a_bad_text_source_is_named(tmp_path, source, says):
     from eagle3_hub.training.sources import load_source

@@ -34,14 +34,15 @@ class DataError(ValueError):
 
 
 SOURCE_KINDS = ("chat", "text")
-TEXT_SUFFIXES = (".txt", ".md")  # a local `kind: text` source reads each such file as one document
+TEXT_SUFFIXES = (".txt", ".md")  # a local `kind: text` source reads each such file as one document (`suffixes`: others)
 # A document's sample opens with about this many characters (a sentence or two, ~50 tokens) as the user turn: the
 # rest carries the loss, and an opening gives the draft a start to continue from, as a base model's prompt does.
 TEXT_OPENING_CHARS = 200
 # Longer documents are cut into pieces of at most this many characters, each a sample of its own (~500 tokens of
 # English, within data.max_length's default of 1024; set it near 4 x data.max_length so little is truncated).
 TEXT_MAX_CHARS = 2000
-TEXT_OPTIONS = {"opening_chars": TEXT_OPENING_CHARS, "max_chars": TEXT_MAX_CHARS, "field": "text"}
+TEXT_OPTIONS = {"opening_chars": TEXT_OPENING_CHARS, "max_chars": TEXT_MAX_CHARS, "field": "text",
+                "suffixes": list(TEXT_SUFFIXES)}
 
 
 def normalise_example(example: dict) -> dict:
@@ -99,6 +100,16 @@ def text_options(spec: dict) -> dict | None:
     if not isinstance(options["field"], str):
         raise DataError(f"data source {spec.get('path')!r}: field must be the name of the records' text field, "
                         f"got {options['field']!r}")
+    suffixes = options["suffixes"]
+    if isinstance(suffixes, str):
+        suffixes = [suffixes]
+    if not (isinstance(suffixes, list) and suffixes and all(isinstance(x, str) and x.startswith(".") for x in suffixes)):
+        raise DataError(f"data source {spec.get('path')!r}: suffixes must list the endings of the files read as "
+                        f"documents, each with its dot (e.g. [.py, .c]), got {suffixes!r}")
+    if set(suffixes) & {".json", ".jsonl", ".parquet"}:
+        raise DataError(f"data source {spec.get('path')!r}: suffixes name text files; .json, .jsonl and .parquet "
+                        f"files are read as records (their `{options['field']}` field)")
+    options["suffixes"] = tuple(suffixes)
     return options
 
 
@@ -133,9 +144,10 @@ def text_samples(documents, opening_chars: int = TEXT_OPENING_CHARS, max_chars: 
     return out
 
 
-def _documents(path: str, files: list[str], records: Dataset | None, field: str) -> list[str]:
-    """The documents of a ``kind: text`` source: each text file whole, then each record's ``field``."""
-    docs = [Path(f).read_text(encoding="utf-8", errors="replace") for f in files if f.endswith(TEXT_SUFFIXES)]
+def _documents(path: str, files: list[str], records: Dataset | None, field: str, suffixes: tuple) -> list[str]:
+    """The documents of a ``kind: text`` source: each text file (one of ``suffixes``) whole, then each record's
+    ``field``."""
+    docs = [Path(f).read_text(encoding="utf-8", errors="replace") for f in files if f.endswith(suffixes)]
     if records is not None:
         if field not in records.column_names:
             raise DataError(f"{path}: a `kind: text` source reads each record's `{field}` field, but its fields are "
@@ -153,16 +165,16 @@ def load_source(source: str | dict, split: str = "train", max_samples: int | Non
     split = spec.pop("split", split)
     limit = spec.pop("max_samples", max_samples)
     p = Path(path)
-    suffixes = (".json", ".jsonl", ".parquet") + (TEXT_SUFFIXES if text else ())
+    suffixes = (".json", ".jsonl", ".parquet") + (text["suffixes"] if text else ())
     files: list[str] = []
     try:
         if p.exists():
-            files = sorted(str(f) for f in (p.rglob("*") if p.is_dir() else [p]) if f.suffix in suffixes)
+            files = sorted(str(f) for f in (p.rglob("*") if p.is_dir() else [p]) if f.name.endswith(suffixes) and f.is_file())
             if not files:
                 raise DataError(f"{path}: no {', '.join(suffixes[:-1])} or {suffixes[-1]} files")
             if all(os.path.getsize(f) == 0 for f in files):
                 raise DataError(f"{path}: the dataset is empty")
-            records = [f for f in files if not f.endswith(TEXT_SUFFIXES)]
+            records = [f for f in files if f.endswith((".json", ".jsonl", ".parquet"))]
             kind = "parquet" if records and records[0].endswith(".parquet") else "json"
             ds = load_dataset(kind, data_files=records, split="train") if records else None
         else:
@@ -177,7 +189,8 @@ def load_source(source: str | dict, split: str = "train", max_samples: int | Non
             cause = cause.__cause__ or cause.__context__
         raise DataError(f"Could not load the {where} {path!r}: " + " <- ".join(causes)) from e
     if text is not None:
-        samples = text_samples(_documents(path, files, ds, text["field"]), text["opening_chars"], text["max_chars"])
+        docs = _documents(path, files, ds, text["field"], text["suffixes"])
+        samples = text_samples(docs, text["opening_chars"], text["max_chars"])
         if not samples:
             raise DataError(f"{path}: no document long enough to split into an opening and a continuation")
         return Dataset.from_list(samples[:limit] if limit else samples)
