@@ -34,6 +34,7 @@ class DataError(ValueError):
 
 
 SOURCE_KINDS = ("chat", "text")
+RECORD_SUFFIXES = (".json", ".jsonl", ".parquet")  # local files read as records, whatever a source's kind
 TEXT_SUFFIXES = (".txt", ".md")  # a local `kind: text` source reads each such file as one document (`suffixes`: others)
 # A document's sample opens with about this many characters (a sentence or two, ~50 tokens) as the user turn: the
 # rest carries the loss, and an opening gives the draft a start to continue from, as a base model's prompt does.
@@ -106,7 +107,7 @@ def text_options(spec: dict) -> dict | None:
     if not (isinstance(suffixes, list) and suffixes and all(isinstance(x, str) and x.startswith(".") for x in suffixes)):
         raise DataError(f"data source {spec.get('path')!r}: suffixes must list the endings of the files read as "
                         f"documents, each with its dot (e.g. [.py, .c]), got {suffixes!r}")
-    if set(suffixes) & {".json", ".jsonl", ".parquet"}:
+    if set(suffixes) & set(RECORD_SUFFIXES):
         raise DataError(f"data source {spec.get('path')!r}: suffixes name text files; .json, .jsonl and .parquet "
                         f"files are read as records (their `{options['field']}` field)")
     options["suffixes"] = tuple(suffixes)
@@ -165,7 +166,7 @@ def load_source(source: str | dict, split: str = "train", max_samples: int | Non
     split = spec.pop("split", split)
     limit = spec.pop("max_samples", max_samples)
     p = Path(path)
-    suffixes = (".json", ".jsonl", ".parquet") + (text["suffixes"] if text else ())
+    suffixes = RECORD_SUFFIXES + (text["suffixes"] if text else ())
     files: list[str] = []
     try:
         if p.exists():
@@ -174,7 +175,7 @@ def load_source(source: str | dict, split: str = "train", max_samples: int | Non
                 raise DataError(f"{path}: no {', '.join(suffixes[:-1])} or {suffixes[-1]} files")
             if all(os.path.getsize(f) == 0 for f in files):
                 raise DataError(f"{path}: the dataset is empty")
-            records = [f for f in files if f.endswith((".json", ".jsonl", ".parquet"))]
+            records = [f for f in files if f.endswith(RECORD_SUFFIXES)]
             kind = "parquet" if records and records[0].endswith(".parquet") else "json"
             ds = load_dataset(kind, data_files=records, split="train") if records else None
         else:
