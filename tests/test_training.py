@@ -981,3 +981,22 @@ def test_short_real_run_on_smollm2(tmp_path, smollm2):
     aux, _ = aux_features(target, ids, torch.ones_like(ids), draft.config.aux_layer_ids)
     assert torch.isfinite(draft(input_ids=ids, target_hidden_states=aux).logits).all()
     draft.unbind()  # the target is shared with other tests
+
+
+def test_a_later_stage_takes_the_generations_an_earlier_run_wrote(tmp_path):
+    """features.reuse_from also lends its run's generation caches (named by the hash of prompts, target and
+    settings): a later stage over the same data reads them instead of generating for an hour again; a cache this run
+    already has is its own, and a run that is not on this machine lends nothing."""
+    from eagle3_hub.training.splits import take_generations
+
+    earlier, work = tmp_path / "stage2" / "data", tmp_path / "stage3" / "data"
+    earlier.mkdir(parents=True)
+    (earlier / "regen-abc.jsonl").write_text('{"index": 0}\n')
+    (earlier / "synth-seed1.jsonl").write_text('{"earlier": true}\n')
+    (earlier / "data_key.json").write_text("{}")
+    work.mkdir(parents=True)
+    (work / "synth-seed1.jsonl").write_text('{"own": true}\n')
+    taken = take_generations([tmp_path / "stage2", tmp_path / "gone"], work)
+    assert taken == ["regen-abc.jsonl"]
+    assert (work / "regen-abc.jsonl").read_text() == '{"index": 0}\n'
+    assert (work / "synth-seed1.jsonl").read_text() == '{"own": true}\n' and not (work / "data_key.json").exists()

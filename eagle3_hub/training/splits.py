@@ -14,10 +14,27 @@ try:
 except ModuleNotFoundError as e:
     raise missing_extra("train", e) from None
 
-from ..atomic import atomic_dir, atomic_write_json
+from ..atomic import atomic_copy, atomic_dir, atomic_write_json
 from .data import GENERATION_REPORT, build_conversations
 from .sources import DataError
 from .tokenise import tokenize_dataset
+
+
+def take_generations(runs: list, work: Path) -> list[str]:
+    """Copy into ``work`` (this run's data folder) the target's generations that the earlier runs of
+    ``features.reuse_from`` wrote and this one has not: a cache's name is the hash of its prompts, target and
+    sampling settings, so a later stage over the same data reads them instead of generating again (a resumable
+    cache, partial or whole). Returns the names copied."""
+    taken = []
+    for run in runs:
+        for cache in sorted((Path(run) / "data").glob("*.jsonl")):
+            if not (work / cache.name).exists():
+                work.mkdir(parents=True, exist_ok=True)
+                atomic_copy(cache, work / cache.name)
+                taken.append(cache.name)
+    if taken:
+        print(f"[data] generations taken from features.reuse_from: {', '.join(taken)}")
+    return taken
 
 
 def data_key(recipe: dict, tokenizer) -> dict:
@@ -63,6 +80,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator):
     if accelerator.is_main_process and (stale or not (final / "dataset_dict.json").exists()):
         if stale:
             print(f"[data] the data settings changed since {final} was written: rebuilding it")
+        take_generations(recipe["features"].get("reuse_from") or [], work)
         convs = build_conversations(
             d["sources"], target, tokenizer, work, seed=data_seed(recipe), synthesize=d["synthesize"],
             regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
