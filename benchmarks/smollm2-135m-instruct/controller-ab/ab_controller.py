@@ -1,0 +1,75 @@
+"""Two versions of the adaptive tree's controller against the same forward, interleaved in one process.
+
+Each repetition runs the same forward (`same_forward_generate`), the controller of another checkout (`--baseline`,
+its eagle3_hub/generation/tree/controller.py) and this checkout's, in rotating order, on one batch of MT-bench first
+turns, every row to 256 new tokens; it prints each run's seconds and the steps per shape each controller chose, then
+the same forward's time over each controller's (per repetition and in total). Run from the checkout under test:
+
+    PYTHONPATH=. python benchmarks/smollm2-135m-instruct/controller-ab/ab_controller.py \
+        --baseline ../main/eagle3_hub/generation/tree/controller.py \
+        --suite benchmarks/smollm2-135m-instruct/modes-and-batches/mt_bench_8.jsonl --batch-size 4 --temperature 1,0.7
+"""
+
+import argparse
+import importlib.util
+import json
+import sys
+import time
+
+import torch
+
+import eagle3_hub.generation.tree.decode as decode
+from eagle3_hub.generation.tree import generate
+from eagle3_hub.generation.tree.same_forward import same_forward_generate
+from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
+from eagle3_hub.targets import load_target
+
+p = argparse.ArgumentParser()
+p.add_argument("--baseline", required=True, help="controller.py of the checkout to compare with")
+p.add_argument("--suite", required=True)
+p.add_argument("--batch-size", type=int, required=True)
+p.add_argument("--temperature", default="1", help="comma-separated; 0 is greedy (sampling: top-p 0.9)")
+p.add_argument("--reps", type=int, default=3)
+args = p.parse_args()
+
+torch.set_num_threads(2)
+name = "eagle3_hub.generation.tree.controller_baseline"  # a sibling module, so its relative imports resolve
+spec = importlib.util.spec_from_file_location(name, args.baseline)
+baseline = importlib.util.module_from_spec(spec)
+sys.modules[name] = baseline
+spec.loader.exec_module(baseline)
+controllers = {"baseline": baseline.TreeController, "this": decode.TreeController}
+
+target, tok = load_target(None, dtype="bfloat16")
+draft = Eagle3DraftModel.from_pretrained("eagle3_hub/reference_draft/smollm2-135m-instruct", torch_dtype=torch.bfloat16)
+questions = [json.loads(line) for line in open(args.suite)][: args.batch_size]
+texts = [tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], tokenize=False,
+                                 add_generation_prompt=True) for q in questions]
+tok.padding_side = "left"
+enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+
+
+def run(method, temperature):
+    kw = dict(max_new_tokens=256, do_sample=temperature > 0, temperature=temperature or 1.0,
+              top_p=0.9 if temperature else 1.0, eos_token_id=[])
+    t = time.perf_counter()
+    if method == "same_forward":
+        same_forward_generate(target, enc.input_ids, attention_mask=enc.attention_mask, **kw)
+        return time.perf_counter() - t, None
+    decode.TreeController = controllers[method]
+    out = generate(target, draft, enc.input_ids, enc.attention_mask, adaptive=True, **kw)
+    return time.perf_counter() - t, out.stats.tree_steps
+
+
+for temperature in [float(t) for t in args.temperature.split(",")]:
+    run("same_forward", temperature), run("this", temperature)  # warm-up
+    order, times = ["same_forward", "baseline", "this"], {}
+    for rep in range(args.reps):
+        for method in order[rep % 3 :] + order[: rep % 3]:
+            seconds, steps = run(method, temperature)
+            times.setdefault(method, []).append(seconds)
+            print(f"T={temperature} rep {rep} {method}: {seconds:.2f} s {steps or ''}", flush=True)
+    for method in ("baseline", "this"):
+        ratios = [s / x for s, x in zip(times["same_forward"], times[method])]
+        print(f"T={temperature} batch {args.batch_size} {method}: vs same forward {[round(r, 3) for r in ratios]}, "
+              f"in total {sum(times['same_forward']) / sum(times[method]):.3f}", flush=True)
