@@ -63,7 +63,8 @@ DEFAULTS: dict = {
         "seed": None,
     },
     # mode: online | offline (safetensors shards on disk); reuse_from: earlier runs' work_dirs whose offline
-    # features of the same samples are copied instead of computed again (a later training stage)
+    # features of the same samples, and whose target generations (data/*.jsonl caches), are copied instead of
+    # computed again (a later training stage)
     "features": {"mode": "online", "cache_dir": None, "reuse_from": []},
     "train": {
         "ttt_steps": 7,
