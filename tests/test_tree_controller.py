@@ -37,7 +37,7 @@ def force_shapes(monkeypatch, seed=0, sequence=(0, 1, "max", 2, 0, "max", 1)):
     rng = random.Random(seed)
     handed: list[StepShape] = []
 
-    def choose(self, rows, lookup=0, max_depth=None, proposed=None):
+    def choose(self, rows, lookup=0, max_depth=None, proposed=None, behind=False):
         want = sequence[len(handed) % len(sequence)]
         depth = self.config.depth if want == "max" else min(want, self.config.depth)
         if max_depth is not None:
@@ -143,10 +143,10 @@ def test_a_step_without_a_tree_chooses_its_token_without_a_walk(monkeypatch):
     assert 0 < len(walks) == sum(s.depth >= 1 for s in handed) < len(handed)
 
 
-def test_the_prompt_is_read_at_prefill_and_a_catch_up_read_is_not_timed_as_a_tree_step(monkeypatch):
+def test_the_prompt_is_read_at_prefill_and_a_catch_up_read_is_timed_as_its_own_kind(monkeypatch):
     """The draft reads the prompt with the prefill, so no step's time holds it; a tree after steps without one
-    reads their tokens too, and its time does not teach the controller what a tree step costs (counted, one such
-    slow step makes every tree look dear and the controller stops drafting)."""
+    reads their tokens too: its time is a catch-up step's, not a tree step's (counted as a tree step, one slow read
+    makes every tree look dear and the controller stops drafting)."""
     target = make_tiny_target("llama")
     draft = copy_draft(target)
     handed = force_shapes(monkeypatch, sequence=(0, 0, 0, 0))  # no tree at all: only the prompt's read
@@ -156,15 +156,37 @@ def test_the_prompt_is_read_at_prefill_and_a_catch_up_read_is_not_timed_as_a_tre
     seen = []
     real = TreeController.observe
 
-    def observe(self, rows, shape, accepted, seconds=None, looked_up=None, proposed=None):
-        seen.append((shape.depth, seconds))
-        return real(self, rows, shape, accepted, seconds, looked_up, proposed)
+    def observe(self, rows, shape, accepted, seconds=None, looked_up=None, proposed=None, behind=False):
+        seen.append((shape.depth, seconds, behind))
+        return real(self, rows, shape, accepted, seconds, looked_up, proposed, behind)
 
     monkeypatch.setattr(TreeController, "observe", observe)
     force_shapes(monkeypatch, sequence=(1, 1, 0, 0, 1, 1))
     generate(target, draft, prompt(seed=2), max_new_tokens=20, eos_token_id=[], **ADAPTIVE_TREE)
-    timed = [seconds is not None for _, seconds in seen[:6]]
-    assert timed == [True, True, True, True, False, True]  # the first step and every step of a run are timed
+    assert all(seconds is not None for _, seconds, _ in seen)
+    assert [behind for _, _, behind in seen[:6]] == [False, False, False, True, True, False]  # after steps without trees
+
+
+def test_a_catch_up_step_keeps_its_own_residual():
+    """A batch near break-even: trees pay once the draft is up to date, but a tree after steps without one also
+    reads their tokens, and that trial loses. While the draft is behind, the catch-up's residual decides (a tree
+    is not tried again); once it drafts, the tree's."""
+    costs = synthetic(lambda r, s: 0.03 + 1e-4 * r * s, draft_read=1e-4, draft_level=1e-4)
+    c = TreeController(CONFIG, costs, rows=8)
+    rows = list(range(8))
+    settle(c, rows, lambda r: 2)
+    shape = c.choose(rows)
+    assert shape.depth >= 1
+    for _ in range(5):  # tree steps at the table's times
+        c.observe(rows, shape, [2] * 8, c.step_seconds(8, shape.depth))
+    assert c.residual_of(shape.depth, behind=True) == pytest.approx(0.0)  # no catch-up seen yet: the tree's
+    c.observe(rows, shape, [2] * 8, c.step_seconds(8, shape.depth) + 1.0, behind=True)
+    assert c.residual["catch_up"] == pytest.approx(1.0) and c.residual["tree"] == pytest.approx(0.0)
+    assert c.choose(rows, behind=True).depth == 0
+    assert c.choose(rows).depth >= 1
+    for _ in range(200):  # without trees the catch-up's extra fades: the batch tries a tree again
+        c.observe(rows, c.shape(0), [0] * 8, c.step_seconds(8, 0))
+    assert c.choose(rows, behind=True).depth >= 1
 
 
 @pytest.mark.parametrize("forced", [True, False], ids=["shape-every-step", "controller"])

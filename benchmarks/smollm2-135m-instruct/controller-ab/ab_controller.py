@@ -1,9 +1,11 @@
 """Two versions of the adaptive tree's controller against the same forward, interleaved in one process.
 
 Each repetition runs the same forward (`same_forward_generate`), the controller of another checkout (`--baseline`,
-its eagle3_hub/generation/tree/controller.py) and this checkout's, in rotating order, on one batch of MT-bench first
-turns, every row to 256 new tokens; it prints each run's seconds and the steps per shape each controller chose, then
-the same forward's time over each controller's (per repetition and in total). Run from the checkout under test:
+its eagle3_hub/generation/tree/controller.py; left out: this checkout's alone) and this checkout's, in rotating order,
+on one batch of MT-bench first turns, every row to 256 new tokens; it prints each run's seconds and the steps per
+shape each controller chose, then the same forward's time over each controller's (per repetition, in total, and
+their mean and standard deviation). `--no-tree` adds a controller that never drafts: tree decoding's own steps
+without a tree against the same forward. Run from the checkout under test:
 
     PYTHONPATH=. python benchmarks/smollm2-135m-instruct/controller-ab/ab_controller.py \
         --baseline ../main/eagle3_hub/generation/tree/controller.py \
@@ -25,20 +27,33 @@ from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
 from eagle3_hub.targets import load_target
 
 p = argparse.ArgumentParser()
-p.add_argument("--baseline", required=True, help="controller.py of the checkout to compare with")
+p.add_argument("--baseline", help="controller.py of the checkout to compare with (default: none)")
 p.add_argument("--suite", required=True)
 p.add_argument("--batch-size", type=int, required=True)
 p.add_argument("--temperature", default="1", help="comma-separated; 0 is greedy (sampling: top-p 0.9)")
 p.add_argument("--reps", type=int, default=3)
+p.add_argument("--no-tree", action="store_true", help="also run a controller that chooses no tree at every step")
 args = p.parse_args()
 
 torch.set_num_threads(2)
-name = "eagle3_hub.generation.tree.controller_baseline"  # a sibling module, so its relative imports resolve
-spec = importlib.util.spec_from_file_location(name, args.baseline)
-baseline = importlib.util.module_from_spec(spec)
-sys.modules[name] = baseline
-spec.loader.exec_module(baseline)
-controllers = {"baseline": baseline.TreeController, "this": decode.TreeController}
+controllers = {"this": decode.TreeController}
+
+
+class NoTree(decode.TreeController):
+    def choose(self, rows, *args, **kwargs):
+        self.chosen["none"] = self.chosen.get("none", 0) + 1
+        return self.shape(0)
+
+
+if args.no_tree:
+    controllers["no_tree"] = NoTree
+if args.baseline:
+    name = "eagle3_hub.generation.tree.controller_baseline"  # a sibling module, so its relative imports resolve
+    spec = importlib.util.spec_from_file_location(name, args.baseline)
+    baseline = importlib.util.module_from_spec(spec)
+    sys.modules[name] = baseline
+    spec.loader.exec_module(baseline)
+    controllers["baseline"] = baseline.TreeController
 
 target, tok = load_target(None, dtype="bfloat16")
 draft = Eagle3DraftModel.from_pretrained("eagle3_hub/reference_draft/smollm2-135m-instruct", torch_dtype=torch.bfloat16)
@@ -63,13 +78,14 @@ def run(method, temperature):
 
 for temperature in [float(t) for t in args.temperature.split(",")]:
     run("same_forward", temperature), run("this", temperature)  # warm-up
-    order, times = ["same_forward", "baseline", "this"], {}
+    order, times = ["same_forward", *controllers], {}
     for rep in range(args.reps):
-        for method in order[rep % 3 :] + order[: rep % 3]:
+        for method in order[rep % len(order) :] + order[: rep % len(order)]:
             seconds, steps = run(method, temperature)
             times.setdefault(method, []).append(seconds)
             print(f"T={temperature} rep {rep} {method}: {seconds:.2f} s {steps or ''}", flush=True)
-    for method in ("baseline", "this"):
-        ratios = [s / x for s, x in zip(times["same_forward"], times[method])]
-        print(f"T={temperature} batch {args.batch_size} {method}: vs same forward {[round(r, 3) for r in ratios]}, "
-              f"in total {sum(times['same_forward']) / sum(times[method]):.3f}", flush=True)
+    for method in controllers:
+        ratios = torch.tensor([s / x for s, x in zip(times["same_forward"], times[method])])
+        print(f"T={temperature} batch {args.batch_size} {method}: vs same forward {[round(r, 3) for r in ratios.tolist()]}, "
+              f"in total {sum(times['same_forward']) / sum(times[method]):.3f}, mean {ratios.mean():.3f} "
+              f"sd {ratios.std():.3f}", flush=True)

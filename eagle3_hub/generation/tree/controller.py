@@ -6,9 +6,13 @@ chance (an exponential moving average) that draft position i is accepted once po
 ``verify(rows, 1 + nodes(d) + lookup) + draft(rows, d) + residual`` from the machine's measured costs
 (``costs.py``); the residual, a median of each kind of step's measured time minus the modelled part, covers what
 the table leaves out (acceptance, compaction, host work, a context longer than the table's). The kinds are no tree,
-a tree, and a tree with the lookup branch: a branch's slots form a chain whose every slot needs logits, and a batch's
-branch of new width after new width runs far past the table's tree of as many slots, an error a tree's residual
-hides. Depth 0 is no tree: one token per row through the same forward. The controller picks the depth with the
+a tree, a tree with the lookup branch, and a tree after steps without one (``catch_up``): a branch's slots form a
+chain whose every slot needs logits, and a batch's branch of new width after new width runs far past the table's
+tree of as many slots, an error a tree's residual hides; a tree after steps without one first reads their tokens
+into the draft, so trying a tree again costs more than drafting on, and a batch near break-even that counted it as
+a plain tree step kept trying trees that lost. What a catch-up costs beyond a tree step fades while no tree runs, as
+the acceptance estimates relax: one slow catch-up does not stop a batch from trying trees for good. Depth 0 is no
+tree: one token per row through the same forward. The controller picks the depth with the
 most expected tokens per second over the batch's rows; finished rows have left the batch and weigh nothing.
 
 The lookup branch (tokens copied from the text so far) rides with a tree only when it pays: its slots are verified
@@ -49,11 +53,12 @@ LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this shar
 # Steps run this much faster than the table says (the median of a kind's last RESIDUAL_STEPS): the table was measured
 # while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
 STALE_RATIO = 0.6
-KINDS = ("none", "tree", "lookup")  # the kinds of step whose residuals are kept apart
+KINDS = ("none", "tree", "lookup", "catch_up")  # the kinds of step whose residuals are kept apart
 
 
-def step_kind(depth: int, lookup: int = 0) -> str:
-    return "none" if depth < 1 else "lookup" if lookup else "tree"
+def step_kind(depth: int, lookup: int = 0, behind: bool = False) -> str:
+    """``behind``: the draft has steps without a tree still to read."""
+    return "none" if depth < 1 else "catch_up" if behind else "lookup" if lookup else "tree"
 
 
 @dataclass(frozen=True)
@@ -105,15 +110,20 @@ class TreeController:
         # that a one-off (a first shape's warm-up, another process) does not decide
         self._forget_times()
         self.chosen: dict[str, int] = {}
+        self.catch_up_weight = 1.0  # the share of the catch-up's extra residual still counted (fades without trees)
 
     def _forget_times(self):
         self.residual = {kind: 0.0 for kind in KINDS}
         self.recent: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}  # (measured, modelled) s
 
-    def residual_of(self, depth: int, lookup: int = 0) -> float:
-        """The residual of a step's kind; a kind not seen yet borrows the tree's (a lookup step is a tree step)."""
-        kind = step_kind(depth, lookup)
-        return self.residual[kind] if self.recent[kind] else self.residual[step_kind(depth)]
+    def residual_of(self, depth: int, lookup: int = 0, behind: bool = False) -> float:
+        """The residual of a step's kind; a kind not seen yet borrows the tree's (a lookup step is a tree step). A
+        catch-up step (``behind``) is a tree or lookup step plus the catch-up's extra, weighed by ``catch_up_weight``."""
+        plain = next((self.residual[k] for k in (step_kind(depth, lookup), step_kind(depth)) if self.recent[k]),
+                     self.residual[step_kind(depth)])
+        if step_kind(depth, lookup, behind) != "catch_up" or not self.recent["catch_up"]:
+            return plain
+        return plain + self.catch_up_weight * max(self.residual["catch_up"] - self.residual["tree"], 0.0)
 
     # ------------------------------------------------------------------ the choice
     def shape(self, depth: int) -> StepShape:
@@ -136,10 +146,10 @@ class TreeController:
         return self.costs.verify_s(rows, 1 + s.total_tokens + lookup) + self.costs.draft_s(rows, depth)
 
     def choose(self, rows: list[int], lookup: int = 0, max_depth: int | None = None,
-               proposed: list[bool] | None = None) -> StepShape:
+               proposed: list[bool] | None = None, behind: bool = False) -> StepShape:
         """The shape of the next step for the active ``rows`` (original indices): the depth, and whether the
         lookup branch of ``lookup`` tokens (held by the rows where ``proposed``, default all) rides with the tree,
-        with the most expected tokens per second."""
+        with the most expected tokens per second; ``behind``: a tree would first read steps without one."""
         top = self.config.depth if max_depth is None else min(self.config.depth, max_depth)
         gain = 0.0
         if lookup:
@@ -150,7 +160,7 @@ class TreeController:
             tokens = float(self.expected_tokens(rows, depth).sum())
             for m in (0, lookup) if depth >= 1 and lookup else (0,):
                 modelled = self.step_seconds(len(rows), depth, m)
-                seconds = max(modelled + self.residual_of(depth, m), 0.1 * modelled, 1e-9)
+                seconds = max(modelled + self.residual_of(depth, m, behind), 0.1 * modelled, 1e-9)
                 rate = (tokens + (gain if m else 0.0)) / seconds
                 if rate > best_rate:
                     best, best_lookup, best_rate = depth, m, rate
@@ -171,10 +181,10 @@ class TreeController:
 
     # ------------------------------------------------------------------ learning
     def observe(self, rows: list[int], shape: StepShape, accepted: list[int], seconds: float | None = None,
-                looked_up: list[bool] | None = None, proposed: list[bool] | None = None):
+                looked_up: list[bool] | None = None, proposed: list[bool] | None = None, behind: bool = False):
         """After a step with ``shape`` over ``rows``: ``accepted`` draft tokens per row, ``looked_up`` whether its
         path ran along the lookup branch (held by the rows where ``proposed``); ``seconds`` the step's measured
-        time (updates the residual of its kind)."""
+        time (updates the residual of its kind); ``behind``: the step first read steps without a tree."""
         depth = shape.depth
         row_depth = shape.row_depth or (depth,) * len(rows)
         if depth >= 1:
@@ -184,6 +194,7 @@ class TreeController:
                 self.alpha[r, :reached] += RATE * (hit - self.alpha[r, :reached])
         else:
             self.alpha[rows] += RELAX * (self.prior - self.alpha[rows])
+            self.catch_up_weight *= 1.0 - RELAX
         if shape.lookup:
             for i, (r, a, d) in enumerate(zip(rows, accepted, row_depth)):
                 if proposed is None or proposed[i]:
@@ -192,7 +203,9 @@ class TreeController:
         else:
             self.lookup_gain[rows] += LOOKUP_RELAX * (LOOKUP_PRIOR - self.lookup_gain[rows])
         if seconds is not None:
-            kind = step_kind(depth, shape.lookup)
+            kind = step_kind(depth, shape.lookup, behind)
+            if kind == "catch_up":
+                self.catch_up_weight = 1.0
             recent = self.recent[kind]
             recent.append((seconds, self.step_seconds(len(rows), depth, shape.lookup)))
             del recent[:-RESIDUAL_STEPS]

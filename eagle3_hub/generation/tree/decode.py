@@ -76,7 +76,7 @@ class TreeDecoder:
             self.drafter.read(self.holes)
             self.clock.add("draft_time_s", t0, self.clock.now())
 
-        drafted_last = True  # the draft has read everything before the first step
+        behind = False  # the draft has steps without a tree to read (it read the prompt with the prefill)
         while self.rows:
             remaining = max(self.max_new_tokens - self.generated[r] for r in self.rows)
             chain, proposed = self._lookup_chain(min(c.lookup_tokens, remaining - 1))
@@ -90,13 +90,10 @@ class TreeDecoder:
             rows = list(self.rows)
             shape = self.controller.choose(rows, 0 if chain is None else chain.shape[1],
                                            max_depth=None if self.drafter.levels is not None else remaining - 1,
-                                           proposed=proposed)
+                                           proposed=proposed, behind=behind)
             accepted, looked_up = self.step(shape.depth, chain if shape.depth and shape.lookup else None, shape)
-            # a tree after steps without one first reads their tokens into the draft: not what a tree step costs
-            timed = shape.depth == 0 or drafted_last
-            self.controller.observe(rows, shape, accepted, time.perf_counter() - t0 if timed else None, looked_up,
-                                    proposed)
-            drafted_last = shape.depth >= 1
+            self.controller.observe(rows, shape, accepted, time.perf_counter() - t0, looked_up, proposed, behind)
+            behind = shape.depth == 0
             if not self.controller.costs.fresh and self.controller.stale:  # a table from a busier machine
                 self.controller.replace_costs(step_costs(self.target, self.draft, c, b, slots, refresh=True))
                 self.stats.costs_measured_again = True

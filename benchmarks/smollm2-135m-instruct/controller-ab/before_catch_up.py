@@ -1,0 +1,231 @@
+# eagle3_hub/generation/tree/controller.py of commit 247d00a, and at the end the way its decoder drove it: the baseline
+# of catch-up-*.log (ab_controller.py --baseline).
+"""The adaptive tree: each step's shape chosen at run time to maximise expected tokens per second.
+
+A step of depth d verifies ``nodes(d)`` draft nodes per row (the configured tree cut to its first d levels, nodes
+in proportion) and yields per row ``1 + sum_{j<=d} prod_{i<=j} alpha_i``, where ``alpha_i`` is that row's running
+chance (an exponential moving average) that draft position i is accepted once position i - 1 was. It costs
+``verify(rows, 1 + nodes(d) + lookup) + draft(rows, d) + residual`` from the machine's measured costs
+(``costs.py``); the residual, a median of each kind of step's measured time minus the modelled part, covers what
+the table leaves out (acceptance, compaction, host work, a context longer than the table's). The kinds are no tree,
+a tree, and a tree with the lookup branch: a branch's slots form a chain whose every slot needs logits, and a batch's
+branch of new width after new width runs far past the table's tree of as many slots, an error a tree's residual
+hides. Depth 0 is no tree: one token per row through the same forward. The controller picks the depth with the
+most expected tokens per second over the batch's rows; finished rows have left the batch and weigh nothing.
+
+The lookup branch (tokens copied from the text so far) rides with a tree only when it pays: its slots are verified
+for every row, which a CPU at batch 1 barely notices and a batch of 8 pays for at full price. Each row keeps a
+running estimate of the tokens the branch adds beyond the tree's depth (``lookup_gain``); it starts, and relaxes
+back while the branch is left out, towards an optimistic prior, so the branch is tried again now and then.
+
+Within the step, a row whose positions are rarely reached gets a shallower tree (``row_depth``): its nodes are its
+draft's best candidates of the first levels, alternatives near its root, where its acceptance happens. The node
+count is the step's for every row (one rectangular verification).
+
+While no tree is drafted nothing is learnt about acceptance, so each row's estimates relax towards the prior at
+every step without a tree: a batch that stopped drafting tries a tree again after a while. Only which candidates
+are verified changes, so the output is the target's whatever the controller chooses.
+
+A cached table can be wrong for today's machine: measured while another process held a core, it makes every tree
+look dear and the controller keeps choosing tiny trees. When the run's own steps are much faster than the table
+(``stale``), the decoder measures the table again and hands it over (``replace_costs``), once per table per process.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from .config import TreeConfig
+from .costs import StepCosts
+
+PRIOR_ACCEPT = 0.6  # a new row's chance that a draft position is accepted (a draft trained for the target)
+RATE = 0.25  # weight of a step's observation in the running averages
+RELAX = 0.05  # per step without a tree: estimates move this share of the way back to the prior
+RESIDUAL_STEPS = 9  # steps of each kind the residual is the median of
+MIN_REACH = 0.1  # a row's tree stops at the level it reaches with less than this chance
+LOOKUP_PRIOR = 2.0  # tokens beyond the tree's depth a row's lookup branch adds per step, before it was tried
+LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this share of the way back to the prior
+# Steps run this much faster than the table says (the median of a kind's last RESIDUAL_STEPS): the table was measured
+# while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
+STALE_RATIO = 0.6
+KINDS = ("none", "tree", "lookup")  # the kinds of step whose residuals are kept apart
+
+
+def step_kind(depth: int, lookup: int = 0) -> str:
+    return "none" if depth < 1 else "lookup" if lookup else "tree"
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """One step's tree: ``depth`` levels (0: no tree), ``top_k`` children per expanded node, ``total_tokens``
+    nodes per row, ``row_depth`` (per active row, or None: ``depth``) the levels each row's nodes come from."""
+
+    depth: int
+    top_k: int
+    total_tokens: int
+    row_depth: tuple[int, ...] | None = None
+    lookup: int = 0  # the lookup branch's tokens riding with the tree
+
+    @property
+    def label(self) -> str:
+        if self.depth == 0:
+            return "none"
+        return f"{self.depth}/{self.top_k}/{self.total_tokens}" + ("+lookup" if self.lookup else "")
+
+
+def nodes_at(config: TreeConfig, depth: int) -> int:
+    """Nodes of the configured tree cut to ``depth`` levels: its nodes in proportion (at least one per level),
+    no more than it has or ``depth`` levels of ``tree_top_k`` children can offer."""
+    if depth < 1:
+        return 0
+    k = config.tree_top_k
+    pool = k + (depth - 1) * k * k
+    return min(config.total_tokens, pool, max(depth, math.ceil(config.total_tokens * depth / config.depth)))
+
+
+def levels_for(nodes: int, top_k: int) -> int:
+    """The fewest levels whose candidates (``top_k + (levels - 1) * top_k**2``) hold ``nodes``."""
+    if nodes <= top_k:
+        return 1
+    return 1 + math.ceil((nodes - top_k) / (top_k * top_k))
+
+
+class MainController:
+    """Per-row acceptance estimates (``alpha``: original row -> one per draft position) and the choice of each
+    step's ``StepShape``. ``row_depths``: whether rows may get shallower trees than the step's (not with the
+    fixed-shape draft graph)."""
+
+    def __init__(self, config: TreeConfig, costs: StepCosts, rows: int, row_depths: bool = True,
+                 prior: float = PRIOR_ACCEPT):
+        self.config, self.costs, self.row_depths, self.prior = config, costs, row_depths, prior
+        self.alpha = torch.full((rows, config.depth), prior, dtype=torch.float64)
+        self.lookup_gain = torch.full((rows,), LOOKUP_PRIOR, dtype=torch.float64)
+        # seconds per step the cost table leaves out, by kind (``kind``): the median of the last RESIDUAL_STEPS, so
+        # that a one-off (a first shape's warm-up, another process) does not decide
+        self._forget_times()
+        self.chosen: dict[str, int] = {}
+
+    def _forget_times(self):
+        self.residual = {kind: 0.0 for kind in KINDS}
+        self.recent: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}  # (measured, modelled) s
+
+    def residual_of(self, depth: int, lookup: int = 0) -> float:
+        """The residual of a step's kind; a kind not seen yet borrows the tree's (a lookup step is a tree step)."""
+        kind = step_kind(depth, lookup)
+        return self.residual[kind] if self.recent[kind] else self.residual[step_kind(depth)]
+
+    # ------------------------------------------------------------------ the choice
+    def shape(self, depth: int) -> StepShape:
+        n = nodes_at(self.config, depth)
+        return StepShape(depth, min(self.config.tree_top_k, max(n, 1)), n)
+
+    def expected_tokens(self, rows: list[int], depth: int) -> torch.Tensor:
+        """(len(rows),) tokens each row is expected to commit in a step of ``depth`` levels (the bonus token
+        included)."""
+        if depth < 1:
+            return torch.ones(len(rows), dtype=torch.float64)
+        reach = self.alpha[rows, :depth].cumprod(dim=1)
+        return 1.0 + reach.sum(dim=1)
+
+    def step_seconds(self, rows: int, depth: int, lookup: int = 0) -> float:
+        """Modelled seconds of a step of ``depth`` levels (with a lookup branch of ``lookup`` tokens) for ``rows``."""
+        if depth < 1:
+            return self.costs.verify_s(rows, 1)
+        s = self.shape(depth)
+        return self.costs.verify_s(rows, 1 + s.total_tokens + lookup) + self.costs.draft_s(rows, depth)
+
+    def choose(self, rows: list[int], lookup: int = 0, max_depth: int | None = None,
+               proposed: list[bool] | None = None) -> StepShape:
+        """The shape of the next step for the active ``rows`` (original indices): the depth, and whether the
+        lookup branch of ``lookup`` tokens (held by the rows where ``proposed``, default all) rides with the tree,
+        with the most expected tokens per second."""
+        top = self.config.depth if max_depth is None else min(self.config.depth, max_depth)
+        gain = 0.0
+        if lookup:
+            holders = [r for i, r in enumerate(rows) if proposed is None or proposed[i]]
+            gain = float(self.lookup_gain[holders].sum())
+        best, best_lookup, best_rate = 0, 0, -1.0
+        for depth in range(top + 1):
+            tokens = float(self.expected_tokens(rows, depth).sum())
+            for m in (0, lookup) if depth >= 1 and lookup else (0,):
+                modelled = self.step_seconds(len(rows), depth, m)
+                seconds = max(modelled + self.residual_of(depth, m), 0.1 * modelled, 1e-9)
+                rate = (tokens + (gain if m else 0.0)) / seconds
+                if rate > best_rate:
+                    best, best_lookup, best_rate = depth, m, rate
+        shape = self.shape(best)
+        if best >= 1:
+            row_depth = self._row_depths(rows, shape) if self.row_depths else None
+            shape = StepShape(shape.depth, shape.top_k, shape.total_tokens, row_depth, best_lookup)
+        self.chosen[shape.label] = self.chosen.get(shape.label, 0) + 1
+        return shape
+
+    def _row_depths(self, rows: list[int], shape: StepShape) -> tuple[int, ...] | None:
+        """Per row: the deepest level it reaches with at least MIN_REACH chance, no shallower than the levels
+        that hold the step's nodes; None when every row keeps the step's depth."""
+        reach = self.alpha[rows, : shape.depth].cumprod(dim=1)
+        deep = (reach >= MIN_REACH).sum(dim=1).clamp(min=levels_for(shape.total_tokens, shape.top_k), max=shape.depth)
+        depths = tuple(int(d) for d in deep)
+        return None if all(d == shape.depth for d in depths) else depths
+
+    # ------------------------------------------------------------------ learning
+    def observe(self, rows: list[int], shape: StepShape, accepted: list[int], seconds: float | None = None,
+                looked_up: list[bool] | None = None, proposed: list[bool] | None = None):
+        """After a step with ``shape`` over ``rows``: ``accepted`` draft tokens per row, ``looked_up`` whether its
+        path ran along the lookup branch (held by the rows where ``proposed``); ``seconds`` the step's measured
+        time (updates the residual of its kind)."""
+        depth = shape.depth
+        row_depth = shape.row_depth or (depth,) * len(rows)
+        if depth >= 1:
+            for r, a, d in zip(rows, accepted, row_depth):
+                reached = min(a + 1, d)  # positions 1..reached were tried; the first a accepted
+                hit = (torch.arange(reached) < a).double()
+                self.alpha[r, :reached] += RATE * (hit - self.alpha[r, :reached])
+        else:
+            self.alpha[rows] += RELAX * (self.prior - self.alpha[rows])
+        if shape.lookup:
+            for i, (r, a, d) in enumerate(zip(rows, accepted, row_depth)):
+                if proposed is None or proposed[i]:
+                    extra = max(a - d, 0) if looked_up is not None and looked_up[i] else 0
+                    self.lookup_gain[r] += RATE * (extra - self.lookup_gain[r])
+        else:
+            self.lookup_gain[rows] += LOOKUP_RELAX * (LOOKUP_PRIOR - self.lookup_gain[rows])
+        if seconds is not None:
+            kind = step_kind(depth, shape.lookup)
+            recent = self.recent[kind]
+            recent.append((seconds, self.step_seconds(len(rows), depth, shape.lookup)))
+            del recent[:-RESIDUAL_STEPS]
+            self.residual[kind] = _median([t - m for t, m in recent])
+
+    @property
+    def stale(self) -> bool:
+        """Whether the run's steps of either kind are much faster than the cost table says (its last
+        RESIDUAL_STEPS of them, median below STALE_RATIO of the modelled seconds)."""
+        return any(len(r) >= RESIDUAL_STEPS and _median([t / max(m, 1e-12) for t, m in r]) < STALE_RATIO
+                   for r in self.recent.values())
+
+    def replace_costs(self, costs: StepCosts):
+        """Continue with ``costs`` (measured again): what was learnt about the old table's errors is dropped, the
+        acceptance estimates are kept."""
+        self.costs = costs
+        self._forget_times()
+
+
+def _median(xs: list[float]) -> float:
+    return sorted(xs)[len(xs) // 2]
+
+
+class TreeController(MainController):
+    """The controller before catch-up steps were priced, as its decoder drove it: a tree after steps without one was
+    neither priced as such nor timed. For ab_controller.py's --baseline against a checkout whose decoder passes
+    ``behind``."""
+
+    def choose(self, rows, lookup=0, max_depth=None, proposed=None, behind=False):
+        return super().choose(rows, lookup, max_depth, proposed)
+
+    def observe(self, rows, shape, accepted, seconds=None, looked_up=None, proposed=None, behind=False):
+        timed = not (behind and shape.depth >= 1)
+        return super().observe(rows, shape, accepted, seconds if timed else None, looked_up, proposed)
