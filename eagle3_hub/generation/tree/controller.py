@@ -119,9 +119,9 @@ class TreeController:
     def residual_of(self, depth: int, lookup: int = 0, behind: bool = False) -> float:
         """The residual of a step's kind; a kind not seen yet borrows the tree's (a lookup step is a tree step). A
         catch-up step (``behind``) is a tree or lookup step plus the catch-up's extra, weighed by ``catch_up_weight``."""
-        plain = next((self.residual[k] for k in (step_kind(depth, lookup), step_kind(depth)) if self.recent[k]),
-                     self.residual[step_kind(depth)])
-        if step_kind(depth, lookup, behind) != "catch_up" or not self.recent["catch_up"]:
+        kind = step_kind(depth, lookup)
+        plain = self.residual[kind] if self.recent[kind] else self.residual[step_kind(depth)]
+        if not (behind and depth >= 1 and self.recent["catch_up"]):
             return plain
         return plain + self.catch_up_weight * max(self.residual["catch_up"] - self.residual["tree"], 0.0)
 
