@@ -15,10 +15,11 @@ from tiny_models import left_padded, make_tiny_target
 from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
 
 from eagle3_hub.generation.tree import TreeConfig, custom_generate_files, generate, verification
+from eagle3_hub.generation.tree import controller as controller_mod
 from eagle3_hub.generation.tree import costs as costs_mod
 from eagle3_hub.generation.tree.controller import LOOKUP_PRIOR, StepShape, TreeController, levels_for, nodes_at
 from eagle3_hub.generation.tree.costs import StepCosts, monotone, step_costs
-from eagle3_hub.generation.tree.drafting import Drafter
+from eagle3_hub.generation.tree.drafting import CATCH_UP_TOKENS, Drafter
 from eagle3_hub.generation.tree.outputs import TreeDecodingStats
 
 
@@ -97,9 +98,25 @@ def test_greedy_batch_with_lookup_and_eos_while_the_tree_changes(monkeypatch):
     assert any(s.lookup for s in handed) and all(s.lookup == 0 for s in handed if s.depth == 0)
 
 
+@pytest.mark.parametrize("batch", [1, 3])
+def test_greedy_equals_plain_after_long_runs_without_a_tree(batch, monkeypatch):
+    """Runs without a tree longer than CATCH_UP_TOKENS: the draft reads only their latest tokens, the output stays
+    plain greedy's (one prompt, and a left-padded batch)."""
+    target = make_tiny_target("llama")
+    draft = copy_draft(target)
+    prompts = [prompt(n, seed=s)[0] for n, s in ((6, 2), (11, 3), (8, 4))][:batch]
+    ids, mask = left_padded(prompts)
+    handed = force_shapes(monkeypatch, sequence=(0,) * (CATCH_UP_TOKENS + 5) + ("max", 1, "max"))
+    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=60, eos_token_id=[], **ADAPTIVE_TREE)
+    for i, p in enumerate(prompts):
+        assert torch.equal(out.sequences[i, ids.shape[1]:], plain_greedy(target, p[None], 60)[0, len(p):]), f"row {i}"
+    assert sum(s.depth == 0 for s in handed) > 2 * CATCH_UP_TOKENS and out.stats.target_forwards < 60
+
+
 def test_draft_reads_the_tokens_of_steps_without_a_tree():
     """A step without a tree queues its accepted token's features after those not yet read: the draft's next
-    read takes them all, so its context has every committed position once, in order."""
+    read takes them (up to CATCH_UP_TOKENS of the latest), so its context has those committed positions once, in
+    order."""
     target = make_tiny_target("llama")
     draft = random_draft(target)
     config = TreeConfig(depth=2, tree_top_k=2, total_tokens=3, lookup_tokens=0, min_node_prob=0.0,
@@ -124,6 +141,34 @@ def test_draft_reads_the_tokens_of_steps_without_a_tree():
     assert drafter.cache.length == 6 and drafter.valid.shape[1] == 6
     queue([6])
     assert drafter.waiting()[2].tolist() == [[6]]  # what was read is not read again
+
+
+def test_a_catch_up_reads_only_the_latest_tokens_of_a_long_run_without_trees():
+    """After many steps without a tree the draft reads the last CATCH_UP_TOKENS of them (a trial of a tree costs one
+    short read, not one over the whole run); the positions left out are absent from its cache, and a step's tokens
+    stay together."""
+    target = make_tiny_target("llama")
+    draft = random_draft(target)
+    config = TreeConfig(depth=2, tree_top_k=2, total_tokens=3, lookup_tokens=0, min_node_prob=0.0,
+                        grow_min_prob=0.0, draft_graph=False, adaptive=False)
+    drafter = Drafter(draft, target, config, TreeDecodingStats())
+    drafter.start(2, 128)
+    F = 3 * target.config.hidden_size
+
+    def queue(pos):
+        n = len(pos)
+        drafter.queue(torch.randn(2, n, F), torch.randint(3, 200, (2, n)), torch.tensor([pos, pos]),
+                      torch.ones(2, n, dtype=torch.bool))
+
+    queue([0, 1, 2])
+    drafter.draft_tree(2, torch.tensor([4, 4]), holes=True)
+    for p in range(3, 3 + 3 * CATCH_UP_TOKENS):  # steps without a tree
+        queue([p])
+    last = 3 + 3 * CATCH_UP_TOKENS
+    queue([last, last + 1])  # then a tree step's two tokens
+    assert drafter.waiting()[2][0].tolist() == list(range(last + 2 - CATCH_UP_TOKENS, last + 2))
+    drafter.draft_tree(2, torch.tensor([last + 3] * 2), holes=True)
+    assert drafter.cache.length == 3 + CATCH_UP_TOKENS and drafter.valid.shape[1] == 3 + CATCH_UP_TOKENS
 
 
 def test_a_step_without_a_tree_chooses_its_token_without_a_walk(monkeypatch):
@@ -334,6 +379,44 @@ def test_steps_without_a_tree_relax_the_estimates_so_a_tree_is_tried_again():
         depths.append(shape.depth)
         c.observe([0], shape, [0] if shape.depth else [])
     assert depths[0] == 0 and max(depths) >= 1
+
+
+def _trial_steps(controller, rows, accepted, steps=400):
+    """Run ``steps`` steps, trees accepting ``accepted`` draft tokens per row; the steps that chose a tree."""
+    trials, behind = [], False
+    for i in range(steps):
+        shape = controller.choose(rows, behind=behind)
+        if shape.depth:
+            trials.append(i)
+        controller.observe(rows, shape, [min(accepted, shape.depth) if shape.depth else 0] * len(rows), behind=behind)
+        behind = shape.depth == 0
+    return trials
+
+
+def test_trials_that_do_not_pay_come_ever_more_rarely(monkeypatch):
+    """A batch where the draft is never accepted: each tree it tries is a trial the next step does not follow, so
+    the estimates relax ever more slowly and the trials thin out; without the backoff they come at a fixed pace."""
+    costs = synthetic(lambda r, s: 0.01 * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3)
+    c = TreeController(CONFIG, costs, rows=4)
+    settle(c, [0, 1, 2, 3], lambda r: 0)
+    trials = _trial_steps(c, [0, 1, 2, 3], 0)
+    gaps = [b - a for a, b in zip(trials, trials[1:])]
+    assert len(gaps) >= 3 and gaps[0] < gaps[1] < gaps[2], trials
+    assert c.failed_trials >= 3 and c.relax < controller_mod.RELAX / 4
+    monkeypatch.setattr(controller_mod, "MAX_BACKOFF", 0)
+    fixed = TreeController(CONFIG, costs, rows=4)
+    settle(fixed, [0, 1, 2, 3], lambda r: 0)
+    assert len(_trial_steps(fixed, [0, 1, 2, 3], 0)) > 2 * len(trials)
+
+
+def test_a_trial_that_pays_restores_the_pace():
+    costs = synthetic(lambda r, s: 0.01 * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3)
+    c = TreeController(CONFIG, costs, rows=2)
+    settle(c, [0, 1], lambda r: 0)
+    _trial_steps(c, [0, 1], 0, steps=300)
+    assert c.failed_trials >= 2
+    assert _trial_steps(c, [0, 1], CONFIG.depth, steps=300)[-1] == 299  # trees accepted whole: drafting on
+    assert c.failed_trials == 0 and c.relax == controller_mod.RELAX
 
 
 def test_the_lookup_branch_rides_only_where_it_pays():

@@ -1,7 +1,8 @@
 """Two versions of the adaptive tree's controller against the same forward, interleaved in one process.
 
-Each repetition runs the same forward (`same_forward_generate`), the controller of another checkout (`--baseline`,
-its eagle3_hub/generation/tree/controller.py; left out: this checkout's alone) and this checkout's, in rotating order,
+Each repetition runs the same forward (`same_forward_generate`), the controller of another checkout (`--baseline`:
+its eagle3_hub/generation/tree/controller.py, or the checkout's folder for its whole tree decoding; left out: this
+checkout's alone) and this checkout's, in rotating order,
 on one batch of MT-bench first turns, every row to 256 new tokens; it prints each run's seconds and the steps per
 shape each controller chose, then the same forward's time over each controller's (per repetition, in total, and
 their mean and standard deviation). `--no-tree` adds a controller that never drafts: tree decoding's own steps
@@ -17,6 +18,7 @@ import importlib.util
 import json
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -27,7 +29,8 @@ from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
 from eagle3_hub.targets import load_target
 
 p = argparse.ArgumentParser()
-p.add_argument("--baseline", help="controller.py of the checkout to compare with (default: none)")
+p.add_argument("--baseline", help="controller.py of the checkout to compare with, or the checkout's folder (its "
+               "eagle3_hub/generation/tree whole); default: none")
 p.add_argument("--suite", required=True)
 p.add_argument("--batch-size", type=int, required=True)
 p.add_argument("--temperature", default="1", help="comma-separated; 0 is greedy (sampling: top-p 0.9)")
@@ -37,6 +40,7 @@ args = p.parse_args()
 
 torch.set_num_threads(2)
 controllers = {"this": decode.TreeController}
+decoders = {}  # a method with tree decoding of its own (a baseline checkout's package)
 
 
 class NoTree(decode.TreeController):
@@ -47,7 +51,16 @@ class NoTree(decode.TreeController):
 
 if args.no_tree:
     controllers["no_tree"] = NoTree
-if args.baseline:
+if args.baseline and Path(args.baseline).is_dir():
+    package = Path(args.baseline) / "eagle3_hub" / "generation" / "tree"
+    name = "eagle3_hub.generation.tree_baseline"  # a sibling package, so its relative imports resolve
+    spec = importlib.util.spec_from_file_location(name, package / "__init__.py", submodule_search_locations=[str(package)])
+    baseline = importlib.util.module_from_spec(spec)
+    sys.modules[name] = baseline
+    spec.loader.exec_module(baseline)
+    controllers["baseline"] = sys.modules[f"{name}.decode"].TreeController
+    decoders["baseline"] = baseline.generate
+elif args.baseline:
     name = "eagle3_hub.generation.tree.controller_baseline"  # a sibling module, so its relative imports resolve
     spec = importlib.util.spec_from_file_location(name, args.baseline)
     baseline = importlib.util.module_from_spec(spec)
@@ -71,8 +84,9 @@ def run(method, temperature):
     if method == "same_forward":
         same_forward_generate(target, enc.input_ids, attention_mask=enc.attention_mask, **kw)
         return time.perf_counter() - t, None
-    decode.TreeController = controllers[method]
-    out = generate(target, draft, enc.input_ids, enc.attention_mask, adaptive=True, **kw)
+    if method not in decoders:
+        decode.TreeController = controllers[method]
+    out = decoders.get(method, generate)(target, draft, enc.input_ids, enc.attention_mask, adaptive=True, **kw)
     return time.perf_counter() - t, out.stats.tree_steps
 
 

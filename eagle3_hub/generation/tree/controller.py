@@ -25,8 +25,11 @@ draft's best candidates of the first levels, alternatives near its root, where i
 count is the step's for every row (one rectangular verification).
 
 While no tree is drafted nothing is learnt about acceptance, so each row's estimates relax towards the prior at
-every step without a tree: a batch that stopped drafting tries a tree again after a while. Only which candidates
-are verified changes, so the output is the target's whatever the controller chooses.
+every step without a tree: a batch that stopped drafting tries a tree again after a while. A trial that does not pay
+(the step after it chooses no tree again) halves the pace of that relaxing, down to 1/2**MAX_BACKOFF of it; a trial
+that pays restores it. A batch where trees lose (a large batch sampling at T=1, say) then tries them ever more
+rarely, while one where they pay now and then keeps finding them. Only which candidates are verified changes, so the
+output is the target's whatever the controller chooses.
 
 A cached table can be wrong for today's machine: measured while another process held a core, it makes every tree
 look dear and the controller keeps choosing tiny trees. When the run's own steps are much faster than the table
@@ -46,6 +49,7 @@ from .costs import StepCosts
 PRIOR_ACCEPT = 0.6  # a new row's chance that a draft position is accepted (a draft trained for the target)
 RATE = 0.25  # weight of a step's observation in the running averages
 RELAX = 0.05  # per step without a tree: estimates move this share of the way back to the prior
+MAX_BACKOFF = 4  # trials in a row that did not pay, each halving RELAX, before it stops slowing
 RESIDUAL_STEPS = 9  # steps of each kind the residual is the median of
 MIN_REACH = 0.1  # a row's tree stops at the level it reaches with less than this chance
 LOOKUP_PRIOR = 2.0  # tokens beyond the tree's depth a row's lookup branch adds per step, before it was tried
@@ -111,6 +115,8 @@ class TreeController:
         self._forget_times()
         self.chosen: dict[str, int] = {}
         self.catch_up_weight = 1.0  # the share of the catch-up's extra residual still counted (fades without trees)
+        self.failed_trials = 0  # trials in a row (trees after steps without one) that the next step did not follow
+        self.trial = False  # the step just observed was a trial: the next choice tells whether it paid
 
     def _forget_times(self):
         self.residual = {kind: 0.0 for kind in KINDS}
@@ -168,8 +174,16 @@ class TreeController:
         if best >= 1:
             row_depth = self._row_depths(rows, shape) if self.row_depths else None
             shape = StepShape(shape.depth, shape.top_k, shape.total_tokens, row_depth, best_lookup)
+        if self.trial:  # a trial followed by no tree did not pay: relax more slowly until one does
+            self.failed_trials = 0 if best >= 1 else self.failed_trials + 1
+            self.trial = False
         self.chosen[shape.label] = self.chosen.get(shape.label, 0) + 1
         return shape
+
+    @property
+    def relax(self) -> float:
+        """The share of the way back to the prior the estimates move per step without a tree."""
+        return RELAX * 0.5 ** min(self.failed_trials, MAX_BACKOFF)
 
     def _row_depths(self, rows: list[int], shape: StepShape) -> tuple[int, ...] | None:
         """Per row: the deepest level it reaches with at least MIN_REACH chance, no shallower than the levels
@@ -193,8 +207,8 @@ class TreeController:
                 hit = (torch.arange(reached) < a).double()
                 self.alpha[r, :reached] += RATE * (hit - self.alpha[r, :reached])
         else:
-            self.alpha[rows] += RELAX * (self.prior - self.alpha[rows])
-            self.catch_up_weight *= 1.0 - RELAX
+            self.alpha[rows] += self.relax * (self.prior - self.alpha[rows])
+            self.catch_up_weight *= 1.0 - self.relax
         if shape.lookup:
             for i, (r, a, d) in enumerate(zip(rows, accepted, row_depth)):
                 if proposed is None or proposed[i]:
@@ -210,6 +224,7 @@ class TreeController:
             recent.append((seconds, self.step_seconds(len(rows), depth, shape.lookup)))
             del recent[:-RESIDUAL_STEPS]
             self.residual[kind] = _median([t - m for t, m in recent])
+        self.trial = depth >= 1 and behind
 
     @property
     def stale(self) -> bool:
