@@ -113,23 +113,29 @@ def test_greedy_equals_plain_after_long_runs_without_a_tree(batch, monkeypatch):
     assert sum(s.depth == 0 for s in handed) > 2 * CATCH_UP_TOKENS and out.stats.target_forwards < 60
 
 
-def test_draft_reads_the_tokens_of_steps_without_a_tree():
-    """A step without a tree queues its accepted token's features after those not yet read: the draft's next
-    read takes them (up to CATCH_UP_TOKENS of the latest), so its context has those committed positions once, in
-    order."""
+def _drafter_and_queue(rows: int):
+    """A started drafter of a tiny target, ``queue(positions)`` (the same positions in every row, random features
+    and tokens) and the features' width."""
     target = make_tiny_target("llama")
-    draft = random_draft(target)
     config = TreeConfig(depth=2, tree_top_k=2, total_tokens=3, lookup_tokens=0, min_node_prob=0.0,
                         grow_min_prob=0.0, draft_graph=False, adaptive=False)
-    drafter = Drafter(draft, target, config, TreeDecodingStats())
-    drafter.start(1, 64)
+    drafter = Drafter(random_draft(target), target, config, TreeDecodingStats())
+    drafter.start(rows, 128)
     F = 3 * target.config.hidden_size
 
     def queue(pos):
         n = len(pos)
-        drafter.queue(torch.randn(1, n, F), torch.randint(3, 200, (1, n)), torch.tensor([pos]),
-                      torch.ones(1, n, dtype=torch.bool))
+        drafter.queue(torch.randn(rows, n, F), torch.randint(3, 200, (rows, n)), torch.tensor([pos] * rows),
+                      torch.ones(rows, n, dtype=torch.bool))
 
+    return drafter, queue, F
+
+
+def test_draft_reads_the_tokens_of_steps_without_a_tree():
+    """A step without a tree queues its accepted token's features after those not yet read: the draft's next
+    read takes them (up to CATCH_UP_TOKENS of the latest), so its context has those committed positions once, in
+    order."""
+    drafter, queue, F = _drafter_and_queue(rows=1)
     queue([0, 1, 2])
     drafter.draft_tree(2, torch.tensor([4]), holes=False)
     queue([3])  # a step without a tree
@@ -147,19 +153,7 @@ def test_a_catch_up_reads_only_the_latest_tokens_of_a_long_run_without_trees():
     """After many steps without a tree the draft reads the last CATCH_UP_TOKENS of them (a trial of a tree costs one
     short read, not one over the whole run); the positions left out are absent from its cache, and a step's tokens
     stay together."""
-    target = make_tiny_target("llama")
-    draft = random_draft(target)
-    config = TreeConfig(depth=2, tree_top_k=2, total_tokens=3, lookup_tokens=0, min_node_prob=0.0,
-                        grow_min_prob=0.0, draft_graph=False, adaptive=False)
-    drafter = Drafter(draft, target, config, TreeDecodingStats())
-    drafter.start(2, 128)
-    F = 3 * target.config.hidden_size
-
-    def queue(pos):
-        n = len(pos)
-        drafter.queue(torch.randn(2, n, F), torch.randint(3, 200, (2, n)), torch.tensor([pos, pos]),
-                      torch.ones(2, n, dtype=torch.bool))
-
+    drafter, queue, _ = _drafter_and_queue(rows=2)
     queue([0, 1, 2])
     drafter.draft_tree(2, torch.tensor([4, 4]), holes=True)
     for p in range(3, 3 + 3 * CATCH_UP_TOKENS):  # steps without a tree
