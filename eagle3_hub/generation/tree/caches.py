@@ -71,9 +71,6 @@ class TreeKVCache(DynamicCache):
         """Commit, for row ``r``, the uncommitted slots ``index[r]`` (b, A) (offsets from ``length``), in order."""
         n_layers, _, b, h, _, d = self.buffer.shape
         A = index.shape[1]
-        if A == 1 and self.end - self.length == 1:  # a step without a tree: its one slot is in place already
-            self.commit()
-            return
         new = self.buffer[..., self.length : self.end, :]
         if b == 1:
             kept = new.index_select(4, index[0])
