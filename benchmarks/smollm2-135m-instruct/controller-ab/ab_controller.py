@@ -51,22 +51,25 @@ class NoTree(decode.TreeController):
 
 if args.no_tree:
     controllers["no_tree"] = NoTree
+
+
+def load_module(name, path, **kwargs):
+    """The module at ``path`` under ``name`` (a sibling of this checkout's, so its relative imports resolve)."""
+    spec = importlib.util.spec_from_file_location(name, path, **kwargs)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 if args.baseline and Path(args.baseline).is_dir():
     package = Path(args.baseline) / "eagle3_hub" / "generation" / "tree"
-    name = "eagle3_hub.generation.tree_baseline"  # a sibling package, so its relative imports resolve
-    spec = importlib.util.spec_from_file_location(name, package / "__init__.py", submodule_search_locations=[str(package)])
-    baseline = importlib.util.module_from_spec(spec)
-    sys.modules[name] = baseline
-    spec.loader.exec_module(baseline)
-    controllers["baseline"] = sys.modules[f"{name}.decode"].TreeController
+    baseline = load_module("eagle3_hub.generation.tree_baseline", package / "__init__.py",
+                           submodule_search_locations=[str(package)])
+    controllers["baseline"] = sys.modules["eagle3_hub.generation.tree_baseline.decode"].TreeController
     decoders["baseline"] = baseline.generate
 elif args.baseline:
-    name = "eagle3_hub.generation.tree.controller_baseline"  # a sibling module, so its relative imports resolve
-    spec = importlib.util.spec_from_file_location(name, args.baseline)
-    baseline = importlib.util.module_from_spec(spec)
-    sys.modules[name] = baseline
-    spec.loader.exec_module(baseline)
-    controllers["baseline"] = baseline.TreeController
+    controllers["baseline"] = load_module("eagle3_hub.generation.tree.controller_baseline", args.baseline).TreeController
 
 target, tok = load_target(None, dtype="bfloat16")
 draft = Eagle3DraftModel.from_pretrained("eagle3_hub/reference_draft/smollm2-135m-instruct", torch_dtype=torch.bfloat16)

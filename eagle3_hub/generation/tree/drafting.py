@@ -29,7 +29,8 @@ CATCH_UP_TOKENS = 8
 
 class Drafter:
     """The draft model's side of a run: its context cache (context positions only), the accepted tokens' features
-    waiting to be read (``pending``, the latest CATCH_UP_TOKENS or so), and the tree built from them. Shapes: b rows, k = tree_top_k, H draft hidden."""
+    waiting to be read (``pending``, the latest CATCH_UP_TOKENS or so), and the tree built from them. Shapes: b rows,
+    k = tree_top_k, H draft hidden."""
 
     def __init__(self, draft, target, config: TreeConfig, stats: TreeDecodingStats):
         self.draft, self.stats = draft, stats
@@ -57,7 +58,6 @@ class Drafter:
         self.cache = TreeKVCache(1, capacity)
         self.valid = torch.zeros(b, 0, dtype=torch.bool, device=self.device)  # (b, Td) context slots that are tokens
         self.pending: list[tuple] = []  # (features, tokens, positions, valid) of each step, oldest first
-        self.backlog = 0  # tokens per row in pending
         self.root_out = None  # the last read's draft logits (b, Vd) and hidden state (b, 1, H) at each row's root
 
     def queue(self, feats, tokens, positions, valid):
@@ -65,9 +65,8 @@ class Drafter:
         those of steps without a tree, which the draft has not read yet (kept as they came: joined once, when read),
         of which the oldest steps leave once the newer hold CATCH_UP_TOKENS."""
         self.pending.append((feats, tokens, positions, valid))
-        self.backlog += tokens.shape[1]
-        while len(self.pending) > 1 and self.backlog - self.pending[0][1].shape[1] >= CATCH_UP_TOKENS:
-            self.backlog -= self.pending.pop(0)[1].shape[1]
+        while len(self.pending) > 1 and sum(step[1].shape[1] for step in self.pending[1:]) >= CATCH_UP_TOKENS:
+            self.pending.pop(0)
 
     @property
     def unread(self) -> bool:
@@ -118,7 +117,7 @@ class Drafter:
         """Read the pending features into the draft's context cache (``holes``: rows with masked slots), keeping the
         draft's output at each row's root for the next tree."""
         feats, tokens, positions, valid = self.waiting()
-        self.pending, self.backlog = [], 0
+        self.pending = []
         b, A = tokens.shape
         allowed = None  # causal over the whole draft context
         if holes:
