@@ -13,7 +13,7 @@ from transformers.generation.logits_process import (
 )
 
 from eagle3_hub.generation.tree.acceptance import Processing, sampling_warpers
-from eagle3_hub.generation.tree.nucleus import Nucleus
+from eagle3_hub.generation.tree.nucleus import Nucleus, scattered
 
 
 def warped(processors, scores):
@@ -37,7 +37,7 @@ def test_the_support_gives_the_warpers_distribution(temperature, top_k, top_p, l
     # a first width of 4: flat rows widen it several times; the result does not depend on it
     for width in (4, 256):
         idx, p = nucleus(scores, width=width)
-        got = torch.zeros_like(scores).scatter_(1, idx, p)
+        got = scattered(idx, p, scores)
         assert torch.allclose(p.sum(-1), torch.ones(6))
         # the same probabilities; token for token but where tokens tie at the boundary (as many kept, maybe others)
         # or the float rounding of a cumulative sum puts one boundary token on the other side
@@ -48,6 +48,22 @@ def test_the_support_gives_the_warpers_distribution(temperature, top_k, top_p, l
         assert torch.equal(scores[differ], boundary.expand_as(scores)[differ])
         if logits != "bf16-ties":
             assert not differ.any() and torch.allclose(got, expected, atol=1e-6, rtol=1e-5)
+
+
+def test_rows_widen_alone_and_pad_their_support():
+    """A batch of a peaked row and a flat one: only the flat row reads past the first width; the peaked row keeps its
+    few tokens, padded with probability 0 (which a draw, the walk's token match and ``scattered`` all ignore)."""
+    g = torch.Generator().manual_seed(3)
+    scores = torch.cat([torch.randn(1, 4000, generator=g) * 8.0, torch.randn(1, 4000, generator=g) * 2.5])
+    processors = sampling_warpers(True, 1.0, 0, 0.9)
+    idx, p = Nucleus.of(processors)(scores, width=16)
+    assert idx.shape[1] == 1024  # 16 -> 128 -> 1024: the flat row holds 368 tokens
+    assert (p[0] > 0).sum() < 16 and (p[1] > 0).sum() > 128
+    assert torch.equal(idx[0, 16:], idx[0, :1].expand(1024 - 16))
+    assert torch.allclose(scattered(idx, p, scores), warped(processors, scores), atol=1e-6)
+    process = Processing(processors, True, torch.Generator().manual_seed(4))
+    drawn = process.next_token(scores[:1].expand(2000, -1), None)
+    assert set(drawn.tolist()) <= set(idx[0][p[0] > 0].tolist())
 
 
 def test_min_tokens_to_keep_and_lists_it_cannot_serve():
