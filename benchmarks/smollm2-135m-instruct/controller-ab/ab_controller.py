@@ -2,7 +2,8 @@
 
 Each repetition runs the same forward (`same_forward_generate`), the controller of another checkout (`--baseline`:
 its eagle3_hub/generation/tree/controller.py, or the checkout's folder for its whole tree decoding; left out: this
-checkout's alone) and this checkout's, in rotating order,
+checkout's alone; a checkout's folder also runs its same forward, `baseline_same_forward`) and this checkout's, in
+rotating order,
 on one batch of MT-bench first turns, every row to 256 new tokens; it prints each run's seconds and the steps per
 shape each controller chose, then the same forward's time over each controller's (per repetition, in total, and
 their mean and standard deviation). `--no-tree` adds a controller that never drafts: tree decoding's own steps
@@ -14,6 +15,7 @@ without a tree against the same forward. Run from the checkout under test:
 """
 
 import argparse
+import importlib
 import importlib.util
 import json
 import sys
@@ -68,6 +70,9 @@ if args.baseline and Path(args.baseline).is_dir():
                            submodule_search_locations=[str(package)])
     controllers["baseline"] = sys.modules["eagle3_hub.generation.tree_baseline.decode"].TreeController
     decoders["baseline"] = baseline.generate
+    # the checkout's own same forward too: what its sampling and verification cost without speculation
+    decoders["baseline_same_forward"] = importlib.import_module("eagle3_hub.generation.tree_baseline.same_forward")
+    controllers["baseline_same_forward"] = None
 elif args.baseline:
     controllers["baseline"] = load_module("eagle3_hub.generation.tree.controller_baseline", args.baseline).TreeController
 
@@ -84,8 +89,10 @@ def run(method, temperature):
     kw = dict(max_new_tokens=256, do_sample=temperature > 0, temperature=temperature or 1.0,
               top_p=0.9 if temperature else 1.0, eos_token_id=[])
     t = time.perf_counter()
-    if method == "same_forward":
-        same_forward_generate(target, enc.input_ids, attention_mask=enc.attention_mask, **kw)
+    if method in ("same_forward", "baseline_same_forward"):
+        module = decoders.get(method)
+        (module.same_forward_generate if module else same_forward_generate)(
+            target, enc.input_ids, attention_mask=enc.attention_mask, **kw)
         return time.perf_counter() - t, None
     if method not in decoders:
         decode.TreeController = controllers[method]
