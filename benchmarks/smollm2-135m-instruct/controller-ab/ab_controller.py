@@ -43,6 +43,7 @@ args = p.parse_args()
 torch.set_num_threads(2)
 controllers = {"this": decode.TreeController}
 decoders = {}  # a method with tree decoding of its own (a baseline checkout's package)
+same_forwards = {"same_forward": same_forward_generate}  # plain decoding through a checkout's verifier
 
 
 class NoTree(decode.TreeController):
@@ -71,8 +72,8 @@ if args.baseline and Path(args.baseline).is_dir():
     controllers["baseline"] = sys.modules["eagle3_hub.generation.tree_baseline.decode"].TreeController
     decoders["baseline"] = baseline.generate
     # the checkout's own same forward too: what its sampling and verification cost without speculation
-    decoders["baseline_same_forward"] = importlib.import_module("eagle3_hub.generation.tree_baseline.same_forward")
-    controllers["baseline_same_forward"] = None
+    same_forwards["baseline_same_forward"] = importlib.import_module(
+        "eagle3_hub.generation.tree_baseline.same_forward").same_forward_generate
 elif args.baseline:
     controllers["baseline"] = load_module("eagle3_hub.generation.tree.controller_baseline", args.baseline).TreeController
 
@@ -89,10 +90,8 @@ def run(method, temperature):
     kw = dict(max_new_tokens=256, do_sample=temperature > 0, temperature=temperature or 1.0,
               top_p=0.9 if temperature else 1.0, eos_token_id=[])
     t = time.perf_counter()
-    if method in ("same_forward", "baseline_same_forward"):
-        module = decoders.get(method)
-        (module.same_forward_generate if module else same_forward_generate)(
-            target, enc.input_ids, attention_mask=enc.attention_mask, **kw)
+    if method in same_forwards:
+        same_forwards[method](target, enc.input_ids, attention_mask=enc.attention_mask, **kw)
         return time.perf_counter() - t, None
     if method not in decoders:
         decode.TreeController = controllers[method]
@@ -102,13 +101,13 @@ def run(method, temperature):
 
 for temperature in [float(t) for t in args.temperature.split(",")]:
     run("same_forward", temperature), run("this", temperature)  # warm-up
-    order, times = ["same_forward", *controllers], {}
+    order, times = ["same_forward", *controllers, *list(same_forwards)[1:]], {}
     for rep in range(args.reps):
         for method in order[rep % len(order) :] + order[: rep % len(order)]:
             seconds, steps = run(method, temperature)
             times.setdefault(method, []).append(seconds)
             print(f"T={temperature} rep {rep} {method}: {seconds:.2f} s {steps or ''}", flush=True)
-    for method in controllers:
+    for method in order[1:]:
         ratios = torch.tensor([s / x for s, x in zip(times["same_forward"], times[method])])
         print(f"T={temperature} batch {args.batch_size} {method}: vs same forward {[round(r, 3) for r in ratios.tolist()]}, "
               f"in total {sum(times['same_forward']) / sum(times[method]):.3f}, mean {ratios.mean():.3f} "
