@@ -38,7 +38,7 @@ def force_shapes(monkeypatch, seed=0, sequence=(0, 1, "max", 2, 0, "max", 1)):
     rng = random.Random(seed)
     handed: list[StepShape] = []
 
-    def choose(self, rows, lookup=0, max_depth=None, proposed=None, behind=False):
+    def choose(self, rows, lookup=0, max_depth=None, proposed=None, behind=False, context=None):
         want = sequence[len(handed) % len(sequence)]
         depth = self.config.depth if want == "max" else min(want, self.config.depth)
         if max_depth is not None:
@@ -195,20 +195,20 @@ def test_the_prompt_is_read_at_prefill_and_a_catch_up_read_is_timed_as_its_own_k
     seen = []
     real = TreeController.observe
 
-    def observe(self, rows, shape, accepted, seconds=None, looked_up=None, proposed=None, behind=False):
+    def observe(self, rows, shape, accepted, seconds=None, looked_up=None, proposed=None, behind=False, context=None):
         seen.append((shape.depth, seconds, behind))
-        return real(self, rows, shape, accepted, seconds, looked_up, proposed, behind)
+        return real(self, rows, shape, accepted, seconds, looked_up, proposed, behind, context)
 
     monkeypatch.setattr(TreeController, "observe", observe)
     force_shapes(monkeypatch, sequence=(1, 1, 0, 0, 1, 1))
     generate(target, draft, prompt(seed=2), max_new_tokens=20, eos_token_id=[], **ADAPTIVE_TREE)
-    assert all(seconds is not None for _, seconds, _ in seen)
+    assert all(seconds is not None for _, seconds, _ in seen[:-1])  # the last step ends the row: not timed
     assert [behind for _, _, behind in seen[:6]] == [False, False, False, True, True, False]  # after steps without trees
 
 
-def test_a_catch_up_step_keeps_its_own_residual():
+def test_a_catch_up_step_keeps_its_own_factor():
     """A batch near break-even: trees pay once the draft is up to date, but a tree after steps without one also
-    reads their tokens, and that trial loses. While the draft is behind, the catch-up's residual decides (a tree
+    reads their tokens, and that trial loses. While the draft is behind, the catch-up's factor decides (a tree
     is not tried again); once it drafts, the tree's."""
     costs = synthetic(lambda r, s: 0.03 + 1e-4 * r * s, draft_read=1e-4, draft_level=1e-4)
     c = TreeController(CONFIG, costs, rows=8)
@@ -218,9 +218,9 @@ def test_a_catch_up_step_keeps_its_own_residual():
     assert shape.depth >= 1
     for _ in range(5):  # tree steps at the table's times
         c.observe(rows, shape, [2] * 8, c.step_seconds(8, shape.depth))
-    assert c.residual_of(shape.depth, behind=True) == pytest.approx(0.0)  # no catch-up seen yet: the tree's
-    c.observe(rows, shape, [2] * 8, c.step_seconds(8, shape.depth) + 1.0, behind=True)
-    assert c.residual["catch_up"] == pytest.approx(1.0) and c.residual["tree"] == pytest.approx(0.0)
+    assert c.factor_of(shape.depth, behind=True) == pytest.approx(1.0)  # no catch-up seen yet: the tree's
+    c.observe(rows, shape, [2] * 8, 3 * c.step_seconds(8, shape.depth), behind=True)
+    assert c.factor["catch_up"] == pytest.approx(3.0) and c.factor["tree"] == pytest.approx(1.0)
     assert c.choose(rows, behind=True).depth == 0
     assert c.choose(rows).depth >= 1
     for _ in range(200):  # without trees the catch-up's extra fades: the batch tries a tree again
@@ -454,22 +454,56 @@ def test_the_lookup_estimate_relaxes_back_while_the_branch_is_left_out():
     assert low < float(c.lookup_gain[1]) < LOOKUP_PRIOR
 
 
-def test_the_residual_is_the_median_of_recent_steps():
-    """Time the table leaves out (acceptance, host work) counts, and one slow step does not decide."""
+def test_the_factor_is_the_median_of_recent_steps():
+    """Time the table leaves out (sampling, host work) counts, and one slow step does not decide."""
     costs = synthetic(lambda r, s: 0.01 + 1e-4 * s, draft_read=1e-4, draft_level=1e-4)
     c = TreeController(CONFIG, costs, rows=1)
     settle(c, [0], lambda r: 1)
     shape = c.shape(4)
     modelled = c.step_seconds(1, 4)
-    for extra in (0.002, 0.002, 1.0, 0.002):
-        c.observe([0], shape, [1], modelled + extra)
-    assert c.residual["tree"] == pytest.approx(0.002)
+    for factor in (1.2, 1.2, 50.0, 1.2):
+        c.observe([0], shape, [1], modelled * factor)
+    assert c.factor["tree"] == pytest.approx(1.2)
     for _ in range(9):  # tree steps turn out much slower than the table says: the plain step wins
-        c.observe([0], shape, [1], modelled + 0.1)
+        c.observe([0], shape, [1], modelled * 10)
     assert c.choose([0]).depth == 0
 
 
-def test_a_lookup_step_much_dearer_than_the_table_keeps_its_own_residual():
+def test_what_the_table_leaves_out_scales_with_the_step():
+    """A batch's last row: tree steps at 16 rows ran 1.5x the table, and a tree for one row is priced at 1.5x the
+    table's one-row tree, not at the 16-row step's extra seconds added to it; steps where rows finish (the caches drop
+    them) are not timed."""
+    costs = synthetic(lambda r, s: 0.01 + 1e-3 * r * s, draft_read=1e-4, draft_level=1e-4)
+    config = TreeConfig(depth=2, tree_top_k=4, total_tokens=4, lookup_tokens=0, min_node_prob=0.0,
+                        grow_min_prob=0.0, draft_graph=False, adaptive=True)
+    c = TreeController(config, costs, rows=16)
+    rows = list(range(16))
+    for _ in range(9):  # a tree's steps at 1.5x the table, each row accepting one token in two
+        c.observe(rows, c.shape(2), [1, 0] * 8, 1.5 * c.step_seconds(16, 2))
+        c.observe(rows, c.shape(0), [0] * 16, 1.5 * c.step_seconds(16, 0))
+    assert c.factor["tree"] == pytest.approx(1.5)
+    assert c.step_seconds(1, 2) * c.factor_of(2) == pytest.approx(1.5 * c.step_seconds(1, 2))
+    assert c.choose([0]).depth >= 1  # one row: a tree's slots cost little beside the step's fixed part
+
+
+def test_the_modelled_time_follows_the_context():
+    """A step after 512 tokens costs what the table measured there; in between, along the line; a table without a
+    long measurement costs the same at every context."""
+    short = synthetic(lambda r, s: 0.01 * r * s)
+    long = synthetic(lambda r, s: 0.03 * r * s)
+    long.context = 512
+    assert short.verify_s(2, 4, 288) == pytest.approx(0.08)
+    short.longer = long
+    assert short.verify_s(2, 4) == pytest.approx(0.08)  # the table's own context
+    assert short.verify_s(2, 4, 288) == pytest.approx(0.16)  # halfway from 64 to 512
+    assert short.verify_s(2, 4, 960) == pytest.approx(0.40)  # past it: the same line
+    assert short.verify_s(2, 4, 8) == pytest.approx(0.08)  # shorter: the short table's
+    c = TreeController(CONFIG, short, rows=2)
+    assert c.step_seconds(2, 0, context=512) == pytest.approx(0.06)
+    assert StepCosts.from_json(short.to_json()).verify_s(2, 4, 288) == pytest.approx(0.16)
+
+
+def test_a_lookup_step_much_dearer_than_the_table_keeps_its_own_factor():
     """A batch whose verifications with the branch run far past the table: after one such step the branch is left
     out, though the tree steps around it keep the table's times; until one is seen, it borrows the tree's."""
     config = TreeConfig(depth=3, tree_top_k=4, total_tokens=6, lookup_tokens=20, min_node_prob=0.0,
@@ -479,11 +513,11 @@ def test_a_lookup_step_much_dearer_than_the_table_keeps_its_own_residual():
     rows = list(range(8))
     tree, branch = c.shape(3), StepShape(3, 4, 6, None, 20)
     for _ in range(12):  # trees accepted to depth 2, at the table's times plus a little
-        c.observe(rows, tree, [2] * 8, c.step_seconds(8, 3) + 0.002)
-    assert c.residual_of(3, 20) == pytest.approx(0.002)  # no branch seen yet: the tree's
+        c.observe(rows, tree, [2] * 8, 1.1 * c.step_seconds(8, 3))
+    assert c.factor_of(3, 20) == pytest.approx(1.1)  # no branch seen yet: the tree's
     assert c.choose(rows, lookup=20).lookup == 20  # the prior's gain pays for the branch's modelled slots
-    c.observe(rows, branch, [3] * 8, c.step_seconds(8, 3, 20) + 0.5, looked_up=[True] * 8)
-    assert c.residual["lookup"] == pytest.approx(0.5) and c.residual["tree"] == pytest.approx(0.002)
+    c.observe(rows, branch, [3] * 8, 10 * c.step_seconds(8, 3, 20), looked_up=[True] * 8)
+    assert c.factor["lookup"] == pytest.approx(10) and c.factor["tree"] == pytest.approx(1.1)
     assert c.choose(rows, lookup=20).lookup == 0
 
 
@@ -505,7 +539,7 @@ def test_steps_much_faster_than_the_table_make_it_stale():
     assert plain.stale
     fresh = synthetic(lambda r, s: 0.002 + 2e-5 * s, draft_read=2e-4, draft_level=2e-4)
     fast.replace_costs(fresh)
-    assert fast.costs is fresh and not fast.stale and set(fast.residual.values()) == {0.0}
+    assert fast.costs is fresh and not fast.stale and set(fast.factor.values()) == {1.0}
     assert fast.alpha[0, 0] > 0.99 and fast.alpha[0, 1] < 0.01  # what was learnt about acceptance stays
 
 

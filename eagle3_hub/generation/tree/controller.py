@@ -3,12 +3,15 @@
 A step of depth d verifies ``nodes(d)`` draft nodes per row (the configured tree cut to its first d levels, nodes
 in proportion) and yields per row ``1 + sum_{j<=d} prod_{i<=j} alpha_i``, where ``alpha_i`` is that row's running
 chance (an exponential moving average) that draft position i is accepted once position i - 1 was. It costs
-``verify(rows, 1 + nodes(d) + lookup) + draft(rows, d) + residual`` from the machine's measured costs
-(``costs.py``); the residual, a median of each kind of step's measured time minus the modelled part, covers what
-the table leaves out (acceptance, compaction, host work, a context longer than the table's). The kinds are no tree,
+``(verify(rows, 1 + nodes(d) + lookup) + draft(rows, d)) * factor`` from the machine's measured costs
+(``costs.py``); the factor, a median of each kind of step's measured time over the modelled, covers what the table
+leaves out (sampling over every slot, host work, a context longer than the table's). It is a ratio, not an added
+time, because what the table leaves out grows with the rows and slots: an added time learnt at 16 rows made a tree
+for the last row of a batch look 4x dearer than it was, and the batch's slowest rows decoded alone without trees.
+Steps where rows finish are not timed (the caches drop those rows: a cost no shape choice changes). The kinds are no tree,
 a tree, a tree with the lookup branch, and a tree after steps without one (``catch_up``): a branch's slots form a
 chain whose every slot needs logits, and a batch's branch of new width after new width runs far past the table's
-tree of as many slots, an error a tree's residual hides; a tree after steps without one first reads their tokens
+tree of as many slots, an error a tree's factor hides; a tree after steps without one first reads their tokens
 into the draft, so trying a tree again costs more than drafting on, and a batch near break-even that counted it as
 a plain tree step kept trying trees that lost. What a catch-up costs beyond a tree step fades while no tree runs, as
 the acceptance estimates relax: one slow catch-up does not stop a batch from trying trees for good. Depth 0 is no
@@ -50,14 +53,14 @@ PRIOR_ACCEPT = 0.6  # a new row's chance that a draft position is accepted (a dr
 RATE = 0.25  # weight of a step's observation in the running averages
 RELAX = 0.05  # per step without a tree: estimates move this share of the way back to the prior
 MAX_BACKOFF = 4  # trials in a row that did not pay, each halving RELAX, before it stops slowing
-RESIDUAL_STEPS = 9  # steps of each kind the residual is the median of
+RESIDUAL_STEPS = 9  # steps of each kind the factor is the median of
 MIN_REACH = 0.1  # a row's tree stops at the level it reaches with less than this chance
 LOOKUP_PRIOR = 2.0  # tokens beyond the tree's depth a row's lookup branch adds per step, before it was tried
 LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this share of the way back to the prior
 # Steps run this much faster than the table says (the median of a kind's last RESIDUAL_STEPS): the table was measured
 # while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
 STALE_RATIO = 0.6
-KINDS = ("none", "tree", "lookup", "catch_up")  # the kinds of step whose residuals are kept apart
+KINDS = ("none", "tree", "lookup", "catch_up")  # the kinds of step whose factors are kept apart
 
 
 def step_kind(depth: int, lookup: int = 0, behind: bool = False) -> str:
@@ -110,26 +113,26 @@ class TreeController:
         self.config, self.costs, self.row_depths, self.prior = config, costs, row_depths, prior
         self.alpha = torch.full((rows, config.depth), prior, dtype=torch.float64)
         self.lookup_gain = torch.full((rows,), LOOKUP_PRIOR, dtype=torch.float64)
-        # seconds per step the cost table leaves out, by kind (``kind``): the median of the last RESIDUAL_STEPS, so
+        # measured over modelled seconds per step, by kind (``step_kind``): the median of the last RESIDUAL_STEPS, so
         # that a one-off (a first shape's warm-up, another process) does not decide
         self._forget_times()
         self.chosen: dict[str, int] = {}
-        self.catch_up_weight = 1.0  # the share of the catch-up's extra residual still counted (fades without trees)
+        self.catch_up_weight = 1.0  # the share of the catch-up's extra factor still counted (fades without trees)
         self.failed_trials = 0  # trials in a row (trees after steps without one) that the next step did not follow
         self.trial = False  # the step just observed was a trial: the next choice tells whether it paid
 
     def _forget_times(self):
-        self.residual = {kind: 0.0 for kind in KINDS}
+        self.factor = {kind: 1.0 for kind in KINDS}
         self.recent: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}  # (measured, modelled) s
 
-    def residual_of(self, depth: int, lookup: int = 0, behind: bool = False) -> float:
-        """The residual of a step's kind; a kind not seen yet borrows the tree's (a lookup step is a tree step). A
+    def factor_of(self, depth: int, lookup: int = 0, behind: bool = False) -> float:
+        """The factor of a step's kind; a kind not seen yet borrows the tree's (a lookup step is a tree step). A
         catch-up step (``behind``) is a tree or lookup step plus the catch-up's extra, weighed by ``catch_up_weight``."""
         kind = step_kind(depth, lookup)
-        plain = self.residual[kind] if self.recent[kind] else self.residual[step_kind(depth)]
+        plain = self.factor[kind] if self.recent[kind] else self.factor[step_kind(depth)]
         if not (behind and depth >= 1 and self.recent["catch_up"]):
             return plain
-        return plain + self.catch_up_weight * max(self.residual["catch_up"] - self.residual["tree"], 0.0)
+        return plain + self.catch_up_weight * max(self.factor["catch_up"] - self.factor["tree"], 0.0)
 
     # ------------------------------------------------------------------ the choice
     def shape(self, depth: int) -> StepShape:
@@ -144,18 +147,20 @@ class TreeController:
         reach = self.alpha[rows, :depth].cumprod(dim=1)
         return 1.0 + reach.sum(dim=1)
 
-    def step_seconds(self, rows: int, depth: int, lookup: int = 0) -> float:
-        """Modelled seconds of a step of ``depth`` levels (with a lookup branch of ``lookup`` tokens) for ``rows``."""
+    def step_seconds(self, rows: int, depth: int, lookup: int = 0, context: int | None = None) -> float:
+        """Modelled seconds of a step of ``depth`` levels (with a lookup branch of ``lookup`` tokens) for ``rows``
+        after ``context`` tokens (None: the table's)."""
         if depth < 1:
-            return self.costs.verify_s(rows, 1)
+            return self.costs.verify_s(rows, 1, context)
         s = self.shape(depth)
-        return self.costs.verify_s(rows, 1 + s.total_tokens + lookup) + self.costs.draft_s(rows, depth)
+        return self.costs.verify_s(rows, 1 + s.total_tokens + lookup, context) + self.costs.draft_s(rows, depth, context)
 
     def choose(self, rows: list[int], lookup: int = 0, max_depth: int | None = None,
-               proposed: list[bool] | None = None, behind: bool = False) -> StepShape:
+               proposed: list[bool] | None = None, behind: bool = False, context: int | None = None) -> StepShape:
         """The shape of the next step for the active ``rows`` (original indices): the depth, and whether the
         lookup branch of ``lookup`` tokens (held by the rows where ``proposed``, default all) rides with the tree,
-        with the most expected tokens per second; ``behind``: a tree would first read steps without one."""
+        with the most expected tokens per second; ``behind``: a tree would first read steps without one;
+        ``context``: the tokens the step attends to."""
         top = self.config.depth if max_depth is None else min(self.config.depth, max_depth)
         gain = 0.0
         if lookup:
@@ -165,8 +170,8 @@ class TreeController:
         for depth in range(top + 1):
             tokens = float(self.expected_tokens(rows, depth).sum())
             for m in (0, lookup) if depth >= 1 and lookup else (0,):
-                modelled = self.step_seconds(len(rows), depth, m)
-                seconds = max(modelled + self.residual_of(depth, m, behind), 0.1 * modelled, 1e-9)
+                modelled = self.step_seconds(len(rows), depth, m, context)
+                seconds = max(modelled * self.factor_of(depth, m, behind), 1e-9)
                 rate = (tokens + (gain if m else 0.0)) / seconds
                 if rate > best_rate:
                     best, best_lookup, best_rate = depth, m, rate
@@ -195,10 +200,12 @@ class TreeController:
 
     # ------------------------------------------------------------------ learning
     def observe(self, rows: list[int], shape: StepShape, accepted: list[int], seconds: float | None = None,
-                looked_up: list[bool] | None = None, proposed: list[bool] | None = None, behind: bool = False):
+                looked_up: list[bool] | None = None, proposed: list[bool] | None = None, behind: bool = False,
+                context: int | None = None):
         """After a step with ``shape`` over ``rows``: ``accepted`` draft tokens per row, ``looked_up`` whether its
         path ran along the lookup branch (held by the rows where ``proposed``); ``seconds`` the step's measured
-        time (updates the residual of its kind); ``behind``: the step first read steps without a tree."""
+        time (updates the factor of its kind; None: not timed); ``behind``: the step first read steps without a
+        tree."""
         depth = shape.depth
         row_depth = shape.row_depth or (depth,) * len(rows)
         if depth >= 1:
@@ -221,9 +228,9 @@ class TreeController:
             if kind == "catch_up":
                 self.catch_up_weight = 1.0
             recent = self.recent[kind]
-            recent.append((seconds, self.step_seconds(len(rows), depth, shape.lookup)))
+            recent.append((seconds, self.step_seconds(len(rows), depth, shape.lookup, context)))
             del recent[:-RESIDUAL_STEPS]
-            self.residual[kind] = _median([t - m for t, m in recent])
+            self.factor[kind] = _median([t / max(m, 1e-12) for t, m in recent])
         self.trial = depth >= 1 and behind
 
     @property

@@ -1,7 +1,12 @@
 """The cost model of a tree-decoding step on this machine: the target's verification time as a function of (rows,
-slots per row) and the draft's time per tree (its read of the accepted tokens, then each further level), measured
-once per (target, draft, tree width, device, dtype, torch version, thread count) through the decoder's own
+slots per row, context) and the draft's time per tree (its read of the accepted tokens, then each further level),
+measured once per (target, draft, tree width, device, dtype, torch version, thread count) through the decoder's own
 ``Verifier`` and ``Drafter`` and cached on disk as JSON.
+
+Each is measured after a short context and after a long one, and read in between (and past the long one) along the
+line through the two: attention over the context grows with rows x slots, so a step's time grows as a sequence does
+(SmolLM2 at 16 rows, one slot: 47 ms after 64 tokens, 74 ms after 512), and it grows more for a tree's slots than
+for one token per row.
 
 The controller (``controller.py``) weighs the expected tokens of each tree shape against these costs. A
 measurement takes a few seconds: each grid point is timed after a warm-up, its fastest of three runs kept (noise on
@@ -29,8 +34,10 @@ from .outputs import PhaseClock, TreeDecodingStats
 from .paused_hooks import PausedFeatureHooks
 from .verification import Tree, Verifier
 
-COSTS_FORMAT = 2  # bump when what is measured changes (2: packed projections): older files are measured again
+COSTS_FORMAT = 3  # bump when what is measured changes (2: packed projections, 3: two contexts): older files are
+# measured again
 CONTEXT_TOKENS = 64  # context of the measured forwards (a short prompt)
+LONG_CONTEXT_TOKENS = 512  # context of the second measurement (a prompt and an answer)
 SLOW_FORWARD_S = 0.25  # past a forward this slow, larger slot counts are extrapolated, not measured
 MIN_SLOT_POINTS = 4  # slot counts always measured (1, 2, 4, 8): where a forward's cost starts to grow
 MAX_MEASURED_ROWS = 64  # larger batches: extrapolated
@@ -66,9 +73,10 @@ def _interpolate(points: dict[int, float], x: float) -> float:
 
 @dataclass
 class StepCosts:
-    """Measured seconds: ``verify[rows][slots]`` one target forward over ``slots`` tree slots per row (root
-    included), ``draft_read[rows]`` the draft's first forward of a step (the accepted tokens) with the tree's
-    selection, ``draft_level[rows]`` each further level (``top_k`` frontier nodes per row)."""
+    """Measured seconds after ``context`` tokens: ``verify[rows][slots]`` one target forward over ``slots`` tree
+    slots per row (root included), ``draft_read[rows]`` the draft's first forward of a step (the accepted tokens)
+    with the tree's selection, ``draft_level[rows]`` each further level (``top_k`` frontier nodes per row);
+    ``longer``: the same after ``LONG_CONTEXT_TOKENS`` (None: every context costs the same)."""
 
     key: str
     top_k: int
@@ -80,20 +88,36 @@ class StepCosts:
     # which the monotone pass may lower afterwards
     slow_rows: set[int] = field(default_factory=set)
     fresh: bool = False  # measured by this process from nothing (not read from the disk cache, even in part)
+    context: int = CONTEXT_TOKENS
+    longer: StepCosts | None = None
 
-    def verify_s(self, rows: int, slots: int) -> float:
-        """One verification of ``rows`` rows with ``slots`` slots each."""
+    def verify_s(self, rows: int, slots: int, context: int | None = None) -> float:
+        """One verification of ``rows`` rows with ``slots`` slots each after ``context`` tokens (None: the
+        table's own)."""
         per_rows = {r: _interpolate(by_slots, slots) for r, by_slots in self.verify.items()}
-        return _interpolate(per_rows, rows)
+        short = _interpolate(per_rows, rows)
+        return self._at(short, context, lambda longer: longer.verify_s(rows, slots))
 
-    def draft_s(self, rows: int, depth: int) -> float:
+    def draft_s(self, rows: int, depth: int, context: int | None = None) -> float:
         """Drafting a tree of ``depth`` levels for ``rows`` rows (0 levels: no draft forward)."""
         if depth < 1:
             return 0.0
-        return _interpolate(self.draft_read, rows) + (depth - 1) * _interpolate(self.draft_level, rows)
+        short = _interpolate(self.draft_read, rows) + (depth - 1) * _interpolate(self.draft_level, rows)
+        return self._at(short, context, lambda longer: longer.draft_s(rows, depth))
+
+    def _at(self, short: float, context: int | None, of_longer) -> float:
+        """``short`` (this table's time) moved to ``context`` along the line to the longer table's, never below
+        ``short`` (a longer context does not cost less)."""
+        if self.longer is None or context is None or context <= self.context:
+            return short
+        slope = max(of_longer(self.longer) - short, 0.0) / (self.longer.context - self.context)
+        return short + slope * (context - self.context)
 
     def covers(self, rows: int, slots: int) -> bool:
-        """Whether the table holds every rows and slots count ``measure`` would for these (or knows them slow)."""
+        """Whether the table (and the longer one) holds every rows and slots count ``measure`` would for these (or
+        knows them slow)."""
+        if self.context < LONG_CONTEXT_TOKENS and (self.longer is None or not self.longer.covers(rows, slots)):
+            return False
         top = measured_grid(slots)[-1]
         for r in measured_grid(rows, MAX_MEASURED_ROWS):
             by_slots = self.verify.get(r)
@@ -115,8 +139,10 @@ class StepCosts:
             lines.append(f"| {r} | " + " | ".join(cells)
                          + f" | {1e3 * self.draft_read.get(r, float('nan')):.2f}"
                          + f" | {1e3 * self.draft_level.get(r, float('nan')):.2f} |")
-        lines += ["", f"(empty cells: extrapolated linearly; draft level: {self.top_k} frontier nodes per row; "
-                      f"cached in {cost_file(self.key)})"]
+        lines += ["", f"(after {self.context} tokens of context; empty cells: extrapolated linearly; draft level: "
+                      f"{self.top_k} frontier nodes per row; cached in {cost_file(self.key)})"]
+        if self.longer is not None:
+            lines += ["", self.longer.table()]
         return "\n".join(lines)
 
     def to_json(self) -> dict:
@@ -124,7 +150,8 @@ class StepCosts:
                 "verify": {str(r): {str(s): t for s, t in by.items()} for r, by in self.verify.items()},
                 "draft_read": {str(r): t for r, t in self.draft_read.items()},
                 "draft_level": {str(r): t for r, t in self.draft_level.items()},
-                "slow_rows": sorted(self.slow_rows)}
+                "slow_rows": sorted(self.slow_rows), "context": self.context,
+                "longer": None if self.longer is None else self.longer.to_json()}
 
     @classmethod
     def from_json(cls, data: dict) -> StepCosts:
@@ -132,7 +159,8 @@ class StepCosts:
                    verify={int(r): {int(s): float(t) for s, t in by.items()} for r, by in data["verify"].items()},
                    draft_read={int(r): float(t) for r, t in data["draft_read"].items()},
                    draft_level={int(r): float(t) for r, t in data["draft_level"].items()},
-                   slow_rows={int(r) for r in data.get("slow_rows", [])})
+                   slow_rows={int(r) for r in data.get("slow_rows", [])}, context=int(data["context"]),
+                   longer=None if data.get("longer") is None else cls.from_json(data["longer"]))
 
 
 def monotone(verify: dict[int, dict[int, float]]):
@@ -207,7 +235,10 @@ def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: 
         return found
     weight = target.get_input_embeddings().weight
     costs = found or StepCosts(key=key, top_k=config.tree_top_k, device=device_name(weight.device), fresh=True)
-    measure(costs, target, draft, config, rows, slots)
+    if costs.longer is None:
+        costs.longer = StepCosts(key=key, top_k=costs.top_k, device=costs.device, context=LONG_CONTEXT_TOKENS)
+    for table in (costs, costs.longer):
+        measure(table, target, draft, config, rows, slots)
     if cache:
         _memo[key] = costs
         _save(costs, path)
@@ -254,7 +285,8 @@ def _timed(fn, device: torch.device, repeats: int = 3) -> float:
 
 @torch.inference_mode()
 def measure(costs: StepCosts, target, draft, config: TreeConfig, rows: int, slots: int):
-    """Fill in ``costs`` for the rows and slots of ``measured_grid(rows)`` x ``measured_grid(slots)`` it lacks."""
+    """Fill in ``costs`` for the rows and slots of ``measured_grid(rows)`` x ``measured_grid(slots)`` it lacks,
+    after ``costs.context`` tokens."""
     weight = target.get_input_embeddings().weight
     device = weight.device
     vocab = target.config.get_text_config().vocab_size
@@ -270,9 +302,9 @@ def measure(costs: StepCosts, target, draft, config: TreeConfig, rows: int, slot
             by_slots = costs.verify.setdefault(b, {})
             stats = TreeDecodingStats()
             verifier = Verifier(target, draft.config.aux_layer_ids, stats, PhaseClock(stats, device))
-            capacity = CONTEXT_TOKENS + max(measured_grid(slots)) + 8  # the caches grow if a forward needs more
+            capacity = costs.context + max(measured_grid(slots)) + 8  # the caches grow if a forward needs more
             verifier.start(capacity)
-            ids = torch.randint(3, vocab, (b, CONTEXT_TOKENS), generator=gen).to(device)
+            ids = torch.randint(3, vocab, (b, costs.context), generator=gen).to(device)
             mask = torch.ones_like(ids)
             _, feats, pos, valid = verifier.prefill(ids, mask, b > 1)
             next_pos = pos[:, -1] + 1

@@ -87,12 +87,13 @@ class TreeDecoder:
                 self.step(depth, chain)
                 continue
             t0 = time.perf_counter()
-            rows = list(self.rows)
+            rows, context = list(self.rows), self.verifier.cache.length
             shape = self.controller.choose(rows, 0 if chain is None else chain.shape[1],
                                            max_depth=None if self.drafter.levels is not None else remaining - 1,
-                                           proposed=proposed, behind=behind)
+                                           proposed=proposed, behind=behind, context=context)
             accepted, looked_up = self.step(shape.depth, chain if shape.depth and shape.lookup else None, shape)
-            self.controller.observe(rows, shape, accepted, time.perf_counter() - t0, looked_up, proposed, behind)
+            seconds = time.perf_counter() - t0 if len(self.rows) == len(rows) else None  # rows dropped: not timed
+            self.controller.observe(rows, shape, accepted, seconds, looked_up, proposed, behind, context)
             behind = shape.depth == 0
             if not self.controller.costs.fresh and self.controller.stale:  # a table from a busier machine
                 self.controller.replace_costs(step_costs(self.target, self.draft, c, b, slots, refresh=True))
