@@ -17,7 +17,15 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper, TopKLogit
 from eagle3_hub.generation.tree import TreeConfig, custom_generate_files, generate, verification
 from eagle3_hub.generation.tree import controller as controller_mod
 from eagle3_hub.generation.tree import costs as costs_mod
-from eagle3_hub.generation.tree.controller import LOOKUP_PRIOR, StepShape, TreeController, levels_for, nodes_at
+from eagle3_hub.generation.tree.controller import (
+    LOOKUP_PRIOR,
+    MIN_TIMED,
+    RATE,
+    StepShape,
+    TreeController,
+    levels_for,
+    nodes_at,
+)
 from eagle3_hub.generation.tree.costs import StepCosts, monotone, step_costs
 from eagle3_hub.generation.tree.drafting import CATCH_UP_TOKENS, Drafter
 from eagle3_hub.generation.tree.outputs import TreeDecodingStats
@@ -219,7 +227,8 @@ def test_a_catch_up_step_keeps_its_own_factor():
     for _ in range(5):  # tree steps at the table's times
         c.observe(rows, shape, [2] * 8, c.step_seconds(8, shape.depth))
     assert c.factor_of(shape.depth, behind=True) == pytest.approx(1.0)  # no catch-up seen yet: the tree's
-    c.observe(rows, shape, [2] * 8, 3 * c.step_seconds(8, shape.depth), behind=True)
+    for _ in range(MIN_TIMED):
+        c.observe(rows, shape, [2] * 8, 3 * c.step_seconds(8, shape.depth), behind=True)
     assert c.factor["catch_up"] == pytest.approx(3.0) and c.factor["tree"] == pytest.approx(1.0)
     assert c.choose(rows, behind=True).depth == 0
     assert c.choose(rows).depth >= 1
@@ -444,8 +453,8 @@ def test_the_lookup_estimate_relaxes_back_while_the_branch_is_left_out():
     c = TreeController(CONFIG, synthetic(lambda r, s: 0.01, draft_read=1e-3, draft_level=1e-3), rows=2)
     with_branch = StepShape(4, 4, 12, None, 5)
     c.observe([0, 1], with_branch, [7, 1], looked_up=[True, False], proposed=[True, True])
-    high = LOOKUP_PRIOR + 0.25 * (3 - LOOKUP_PRIOR)  # 3 tokens past the tree's 4 levels
-    assert c.lookup_gain.tolist() == pytest.approx([high, LOOKUP_PRIOR * 0.75])
+    high = LOOKUP_PRIOR + RATE * (3 - LOOKUP_PRIOR)  # 3 tokens past the tree's 4 levels
+    assert c.lookup_gain.tolist() == pytest.approx([high, LOOKUP_PRIOR * (1 - RATE)])
     c.observe([0, 1], with_branch, [1, 1], looked_up=[False, False], proposed=[False, True])
     assert c.lookup_gain[0] == pytest.approx(high)  # no branch of its own: nothing learnt
     low = float(c.lookup_gain[1])
@@ -486,6 +495,20 @@ def test_what_the_table_leaves_out_scales_with_the_step():
     assert c.choose([0]).depth >= 1  # one row: a tree's slots cost little beside the step's fixed part
 
 
+def test_one_slow_first_tree_step_does_not_stop_drafting():
+    """A shape's first step warms up (several times its later time): until MIN_TIMED tree steps are timed, a tree is
+    priced with the factor of the steps without a tree, and the batch goes on drafting."""
+    costs = synthetic(lambda r, s: 0.03 + 1e-4 * s, draft_read=1e-3, draft_level=1e-3)
+    c = TreeController(CONFIG, costs, rows=1)
+    c.alpha[:] = 0.8
+    c.observe([0], c.shape(4), [3], 4 * c.step_seconds(1, 4))  # the first tree step
+    for _ in range(5):
+        c.observe([0], c.shape(0), [0], 1.2 * c.step_seconds(1, 0))
+    c.alpha[:] = 0.8
+    assert c.factor_of(4) == pytest.approx(1.2)
+    assert c.choose([0]).depth >= 1
+
+
 def test_the_modelled_time_follows_the_context():
     """A step after 512 tokens costs what the table measured there; in between, along the line; a table without a
     long measurement costs the same at every context."""
@@ -516,7 +539,8 @@ def test_a_lookup_step_much_dearer_than_the_table_keeps_its_own_factor():
         c.observe(rows, tree, [2] * 8, 1.1 * c.step_seconds(8, 3))
     assert c.factor_of(3, 20) == pytest.approx(1.1)  # no branch seen yet: the tree's
     assert c.choose(rows, lookup=20).lookup == 20  # the prior's gain pays for the branch's modelled slots
-    c.observe(rows, branch, [3] * 8, 10 * c.step_seconds(8, 3, 20), looked_up=[True] * 8)
+    for _ in range(MIN_TIMED):
+        c.observe(rows, branch, [3] * 8, 10 * c.step_seconds(8, 3, 20), looked_up=[True] * 8)
     assert c.factor["lookup"] == pytest.approx(10) and c.factor["tree"] == pytest.approx(1.1)
     assert c.choose(rows, lookup=20).lookup == 0
 
@@ -540,7 +564,7 @@ def test_steps_much_faster_than_the_table_make_it_stale():
     fresh = synthetic(lambda r, s: 0.002 + 2e-5 * s, draft_read=2e-4, draft_level=2e-4)
     fast.replace_costs(fresh)
     assert fast.costs is fresh and not fast.stale and set(fast.factor.values()) == {1.0}
-    assert fast.alpha[0, 0] > 0.99 and fast.alpha[0, 1] < 0.01  # what was learnt about acceptance stays
+    assert fast.alpha[0, 0] > 0.9 and fast.alpha[0, 1] < 0.1  # what was learnt about acceptance stays
 
 
 def _scaled_table_on_disk(target, draft, config, rows, slots, factor):

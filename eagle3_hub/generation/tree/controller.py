@@ -50,10 +50,11 @@ from .config import TreeConfig
 from .costs import StepCosts
 
 PRIOR_ACCEPT = 0.6  # a new row's chance that a draft position is accepted (a draft trained for the target)
-RATE = 0.25  # weight of a step's observation in the running averages
+RATE = 0.1  # weight of a step's observation in the running averages
 RELAX = 0.05  # per step without a tree: estimates move this share of the way back to the prior
 MAX_BACKOFF = 4  # trials in a row that did not pay, each halving RELAX, before it stops slowing
 RESIDUAL_STEPS = 9  # steps of each kind the factor is the median of
+MIN_TIMED = 3  # steps of a kind timed before its own factor counts (a first step of a shape warms up)
 MIN_REACH = 0.1  # a row's tree stops at the level it reaches with less than this chance
 LOOKUP_PRIOR = 2.0  # tokens beyond the tree's depth a row's lookup branch adds per step, before it was tried
 LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this share of the way back to the prior
@@ -126,11 +127,14 @@ class TreeController:
         self.recent: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}  # (measured, modelled) s
 
     def factor_of(self, depth: int, lookup: int = 0, behind: bool = False) -> float:
-        """The factor of a step's kind; a kind not seen yet borrows the tree's (a lookup step is a tree step). A
-        catch-up step (``behind``) is a tree or lookup step plus the catch-up's extra, weighed by ``catch_up_weight``."""
+        """The factor of a step's kind; a kind timed fewer than MIN_TIMED times borrows the tree's, else no tree's,
+        else 1 (a lookup step is a tree step; one slow first tree step, taken alone, can make trees look dear for the
+        rest of a run that then never drafts). A catch-up step (``behind``) is a tree or lookup step plus the
+        catch-up's extra, weighed by ``catch_up_weight``."""
         kind = step_kind(depth, lookup)
-        plain = self.factor[kind] if self.recent[kind] else self.factor[step_kind(depth)]
-        if not (behind and depth >= 1 and self.recent["catch_up"]):
+        plain = next((self.factor[k] for k in (kind, step_kind(depth), "none") if len(self.recent[k]) >= MIN_TIMED),
+                     1.0)
+        if not (behind and depth >= 1 and len(self.recent["catch_up"]) >= MIN_TIMED):
             return plain
         return plain + self.catch_up_weight * max(self.factor["catch_up"] - self.factor["tree"], 0.0)
 
