@@ -5,8 +5,7 @@ measured once per (target, draft, tree width, device, dtype, torch version, thre
 
 Each is measured after a short context and after a long one, and read in between (and past the long one) along the
 line through the two: attention over the context grows with rows x slots, so a step's time grows as a sequence does
-(SmolLM2 at 16 rows, one slot: 47 ms after 64 tokens, 74 ms after 512), and it grows more for a tree's slots than
-for one token per row.
+(docs/tree-decoding.md), and it grows more for a tree's slots than for one token per row.
 
 The controller (``controller.py``) weighs the expected tokens of each tree shape against these costs. A
 measurement takes a few seconds: each grid point is timed after a warm-up, its fastest of three runs kept (noise on
