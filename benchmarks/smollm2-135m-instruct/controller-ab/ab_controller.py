@@ -17,18 +17,16 @@ without a tree against the same forward. Run from the checkout under test:
 import argparse
 import importlib
 import importlib.util
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+from pair_and_batch import pair_and_batch
 
 import eagle3_hub.generation.tree.decode as decode
 from eagle3_hub.generation.tree import generate
 from eagle3_hub.generation.tree.same_forward import same_forward_generate
-from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
-from eagle3_hub.targets import load_target
 
 p = argparse.ArgumentParser()
 p.add_argument("--baseline", help="controller.py of the checkout to compare with, or the checkout's folder (its "
@@ -77,13 +75,7 @@ if args.baseline and Path(args.baseline).is_dir():
 elif args.baseline:
     controllers["baseline"] = load_module("eagle3_hub.generation.tree.controller_baseline", args.baseline).TreeController
 
-target, tok = load_target(None, dtype="bfloat16")
-draft = Eagle3DraftModel.from_pretrained("eagle3_hub/reference_draft/smollm2-135m-instruct", torch_dtype=torch.bfloat16)
-questions = [json.loads(line) for line in open(args.suite)][: args.batch_size]
-texts = [tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], tokenize=False,
-                                 add_generation_prompt=True) for q in questions]
-tok.padding_side = "left"
-enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+target, draft, enc = pair_and_batch(args.suite, args.batch_size)
 
 
 def run(method, temperature):

@@ -14,12 +14,11 @@ import time
 from collections import defaultdict
 
 import torch
+from pair_and_batch import pair_and_batch
 
 import eagle3_hub.generation.tree.decode as decode
 from eagle3_hub.generation.tree import generate
 from eagle3_hub.generation.tree.same_forward import same_forward_generate
-from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
-from eagle3_hub.targets import load_target
 
 p = argparse.ArgumentParser()
 p.add_argument("--suite", required=True)
@@ -29,15 +28,7 @@ p.add_argument("--log", help="also write every step as JSON lines here")
 args = p.parse_args()
 
 torch.set_num_threads(2)
-target, tok = load_target(None, dtype="bfloat16")
-draft = Eagle3DraftModel.from_pretrained("eagle3_hub/reference_draft/smollm2-135m-instruct", torch_dtype=torch.bfloat16)
-questions = [json.loads(line) for line in open(args.suite)]
-if len(questions) < args.batch_size:
-    raise SystemExit(f"{args.suite} holds {len(questions)} questions, fewer than --batch-size {args.batch_size}")
-texts = [tok.apply_chat_template([{"role": "user", "content": q["turns"][0]}], tokenize=False,
-                                 add_generation_prompt=True) for q in questions[: args.batch_size]]
-tok.padding_side = "left"
-enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+target, draft, enc = pair_and_batch(args.suite, args.batch_size)
 steps = []
 
 
