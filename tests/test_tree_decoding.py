@@ -564,6 +564,43 @@ def test_batch_left_padding_rows_equal_their_batch_one_output():
     assert sum(lengths) == out.stats.new_tokens
 
 
+def test_finished_rows_leave_the_cache_without_a_copy_of_it():
+    """The last rows move into finished rows' places within the buffer (no new buffer per finished row); any other
+    order still selects the right rows."""
+    from eagle3_hub.generation.tree import TreeKVCache
+
+    cache = TreeKVCache(num_layers=2, capacity=12)
+    kv = [(torch.randn(5, 2, 7, 4), torch.randn(5, 2, 7, 4)) for _ in range(2)]
+    cache.load(kv)
+    full = cache.buffer.clone()
+    ptr = cache.buffer.data_ptr()
+    cache.select_rows(torch.tensor([0, 4, 2, 3]))  # row 1 finished; the last row takes its place
+    assert cache.buffer.data_ptr() == ptr and cache.buffer.shape[2] == 4
+    assert torch.equal(cache.buffer[..., :7, :], full[:, :, [0, 4, 2, 3], :, :7])
+    cache.select_rows(torch.tensor([0, 1]))  # the last two finished: nothing moves
+    assert cache.buffer.data_ptr() == ptr and torch.equal(cache.buffer[..., :7, :], full[:, :, [0, 4], :, :7])
+    cache.select_rows(torch.tensor([1, 0]))  # another order: a copy
+    assert torch.equal(cache.buffer[..., :7, :], full[:, :, [4, 0], :, :7])
+    k, _ = cache.update(torch.randn(2, 2, 1, 4), torch.randn(2, 2, 1, 4), 0)  # the rows decode on
+    assert k.shape == (2, 2, 8, 4) and torch.equal(k[:, :, :7], full[0, 0][[4, 0], :, :7])
+
+
+def test_middle_rows_finishing_first_keep_every_row_equal_to_its_batch_one_output():
+    target = make_tiny_target("qwen2")
+    draft = copy_draft(target)
+    prompts = [prompt(n, seed=s)[0] for n, s in ((7, 11), (5, 12), (9, 13), (6, 14))]
+    ids, mask = left_padded(prompts)
+    L = ids.shape[1]
+    eos = int(plain_greedy(target, prompts[1][None], 40)[0, 5 + 9])  # row 1 stops early; rows after it move
+    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=40, eos_token_id=eos, **TREE)
+    lengths = []
+    for i, p in enumerate(prompts):
+        alone = plain_greedy(target, p[None], 40, eos=eos)[0, len(p) :]
+        assert torch.equal(out.sequences[i, L : L + len(alone)], alone), f"row {i}"
+        lengths.append(len(alone))
+    assert lengths[1] < 40 and len(set(lengths)) > 1
+
+
 def test_repetition_penalty_through_custom_generate():
     """A history-dependent logits processor (each tree node sees its own prefix)."""
     target = make_tiny_target("qwen2")

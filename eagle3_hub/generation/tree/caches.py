@@ -80,8 +80,20 @@ class TreeKVCache(DynamicCache):
         self.length = self.end = self.length + A
 
     def select_rows(self, rows: torch.Tensor):
-        if self.buffer is not None:
+        """Keep the batch rows ``rows``, in that order. Where every kept row comes from its own place or one after it
+        (``rows[j] >= j``: in order, or the last rows moved into the places of dropped ones) the rows move within the
+        buffer, their written slots only, and the buffer is narrowed: copying the whole buffer into a new one for
+        every finished row costs a large batch more than its last steps."""
+        if self.buffer is None:
+            return
+        order = rows.tolist()
+        if any(r < j for j, r in enumerate(order)):
             self.buffer = self.buffer.index_select(2, rows)
+            return
+        for j, r in enumerate(order):
+            if r != j:  # row r has not been written over yet: every place written so far is before it
+                self.buffer[:, :, j, :, : self.end].copy_(self.buffer[:, :, r, :, : self.end])
+        self.buffer = self.buffer[:, :, : len(order)]
 
 
 class ScratchCache:

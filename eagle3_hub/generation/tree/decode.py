@@ -255,7 +255,13 @@ class TreeDecoder:
         if not finished:
             return
         gone = set(finished)
-        keep = [i for i in range(len(self.rows)) if i not in gone]
+        n = len(self.rows) - len(gone)
+        # the last rows still decoding take the places of the finished ones: the caches move a row per finished row,
+        # not every row after it (a row's place in the batch means nothing; its original index goes with it)
+        keep = list(range(n))
+        freed = [i for i in range(n) if i in gone]
+        for place, row in zip(freed, [i for i in range(n, len(self.rows)) if i not in gone]):
+            keep[place] = row
         self.rows = [self.rows[i] for i in keep]
         if not keep:
             return
