@@ -46,7 +46,7 @@ def force_shapes(monkeypatch, seed=0, sequence=(0, 1, "max", 2, 0, "max", 1)):
     rng = random.Random(seed)
     handed: list[StepShape] = []
 
-    def choose(self, rows, lookup=0, max_depth=None, proposed=None, behind=False, context=None):
+    def choose(self, rows, lookup=0, max_depth=None, proposed=None, behind=False, context=None, remaining=None):
         want = sequence[len(handed) % len(sequence)]
         depth = self.config.depth if want == "max" else min(want, self.config.depth)
         if max_depth is not None:
@@ -370,6 +370,23 @@ def test_finished_rows_weigh_nothing():
     settle(c, [0, 1, 2, 3], lambda r: 4 if r < 2 else 0)
     assert c.choose([0, 1, 2, 3]).depth >= 1
     assert c.choose([2, 3]).depth == 0
+
+
+def test_the_batch_is_done_when_its_slowest_row_is():
+    """A step costs nearly as much for one row as for two: a tree that only the accepting row uses makes it finish
+    early and leaves the rejecting row decoding alone at almost the same price per step."""
+    costs = synthetic(lambda r, s: 0.010 + 0.001 * r + 0.0004 * r * s)
+    c = TreeController(CONFIG, costs, rows=2)
+    settle(c, [0, 1], lambda r: (4, 0)[r])
+    assert c.choose([0, 1]).depth >= 1  # the most tokens per second: row 0's
+    assert c.choose([0, 1], remaining=[100, 100]).depth == 0  # done soonest: row 1 sets the pace
+    assert c.choose([0, 1], remaining=[100, 2]).depth >= 1  # row 1 is nearly done: row 0 sets it
+    both = TreeController(CONFIG, costs, rows=2)
+    settle(both, [0, 1], lambda r: 4)
+    assert both.choose([0, 1], remaining=[100, 100]).depth == 4
+    one = TreeController(CONFIG, costs, rows=1)  # one row: done soonest is the most tokens per second
+    settle(one, [0], lambda r: 1)
+    assert one.choose([0], remaining=[50]) == one.choose([0])
 
 
 def test_steps_without_a_tree_relax_the_estimates_so_a_tree_is_tried_again():

@@ -15,8 +15,14 @@ tree of as many slots, an error a tree's factor hides; a tree after steps withou
 into the draft, so trying a tree again costs more than drafting on, and a batch near break-even that counted it as
 a plain tree step kept trying trees that lost. What a catch-up costs beyond a tree step fades while no tree runs, as
 the acceptance estimates relax: one slow catch-up does not stop a batch from trying trees for good. Depth 0 is no
-tree: one token per row through the same forward. The controller picks the depth with the
-most expected tokens per second over the batch's rows; finished rows have left the batch and weigh nothing.
+tree: one token per row through the same forward. The controller picks the depth that would
+finish the batch soonest if every step to the end took it: each row's tokens still to generate (up to
+max_new_tokens; an end-of-sequence token may come sooner) over its expected
+tokens per step give the step at which it finishes, and the batch's steps cost less as rows finish. A step costs
+nearly as much for one row as for several, so a tree that speeds up the rows that accept, while the batch's slowest
+row gains little, leaves that row decoding alone at almost the full step's price; the most tokens per second over
+the batch's rows counted those early finishers' tokens as if the batch were done sooner. With one row the two are
+the same. Finished rows have left the batch and weigh nothing.
 
 The lookup branch (tokens copied from the text so far) rides with a tree only when it pays: its slots are verified
 for every row, which a CPU at batch 1 barely notices and a batch of 8 pays for at full price. Each row keeps a
@@ -61,6 +67,7 @@ LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this shar
 # Steps run this much faster than the table says (the median of a kind's last RESIDUAL_STEPS): the table was measured
 # while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
 STALE_RATIO = 0.6
+CONTEXT_BUCKET = 16  # tokens of context over which a step's modelled seconds are taken as one
 KINDS = ("none", "tree", "lookup", "catch_up")  # the kinds of step whose factors are kept apart
 
 
@@ -123,6 +130,7 @@ class TreeController:
         self.trial = False  # the step just observed was a trial: the next choice tells whether it paid
 
     def _forget_times(self):
+        self._memo: dict[tuple, float] = {}
         self.factor = {kind: 1.0 for kind in KINDS}
         self.recent: dict[str, list[tuple[float, float]]] = {kind: [] for kind in KINDS}  # (measured, modelled) s
 
@@ -160,25 +168,31 @@ class TreeController:
         return self.costs.verify_s(rows, 1 + s.total_tokens + lookup, context) + self.costs.draft_s(rows, depth, context)
 
     def choose(self, rows: list[int], lookup: int = 0, max_depth: int | None = None,
-               proposed: list[bool] | None = None, behind: bool = False, context: int | None = None) -> StepShape:
+               proposed: list[bool] | None = None, behind: bool = False, context: int | None = None,
+               remaining: list[int] | None = None) -> StepShape:
         """The shape of the next step for the active ``rows`` (original indices): the depth, and whether the
         lookup branch of ``lookup`` tokens (held by the rows where ``proposed``, default all) rides with the tree,
-        with the most expected tokens per second; ``behind``: a tree would first read steps without one;
-        ``context``: the tokens the step attends to."""
+        that would finish the batch soonest if every step to the end took it; ``remaining``: each row's tokens
+        still to generate (None: the most expected tokens per second);
+        ``behind``: a tree would first read steps without one; ``context``: the tokens the step attends to."""
         top = self.config.depth if max_depth is None else min(self.config.depth, max_depth)
-        gain = 0.0
+        gain = torch.zeros(len(rows), dtype=torch.float64)
         if lookup:
-            holders = [r for i, r in enumerate(rows) if proposed is None or proposed[i]]
-            gain = float(self.lookup_gain[holders].sum())
-        best, best_lookup, best_rate = 0, 0, -1.0
+            held = torch.tensor([True] * len(rows) if proposed is None else proposed, dtype=torch.bool)
+            gain = torch.where(held, self.lookup_gain[rows], 0.0)
+        left = None if remaining is None else torch.tensor(remaining, dtype=torch.float64)
+        best, best_lookup, best_time = 0, 0, math.inf
         for depth in range(top + 1):
-            tokens = float(self.expected_tokens(rows, depth).sum())
+            tokens = self.expected_tokens(rows, depth)
             for m in (0, lookup) if depth >= 1 and lookup else (0,):
-                modelled = self.step_seconds(len(rows), depth, m, context)
-                seconds = max(modelled * self.factor_of(depth, m, behind), 1e-9)
-                rate = (tokens + (gain if m else 0.0)) / seconds
-                if rate > best_rate:
-                    best, best_lookup, best_rate = depth, m, rate
+                per_row = tokens + gain if m else tokens
+                if left is None:  # seconds per token
+                    seconds = self.step_seconds(len(rows), depth, m, context) / float(per_row.sum())
+                else:
+                    seconds = self.finish_seconds(left / per_row, depth, m, context)
+                seconds *= self.factor_of(depth, m, behind)
+                if seconds < best_time:
+                    best, best_lookup, best_time = depth, m, seconds
         shape = self.shape(best)
         if best >= 1:
             row_depth = self._row_depths(rows, shape) if self.row_depths else None
@@ -188,6 +202,26 @@ class TreeController:
             self.trial = False
         self.chosen[shape.label] = self.chosen.get(shape.label, 0) + 1
         return shape
+
+    def finish_seconds(self, steps: torch.Tensor, depth: int, lookup: int, context: int | None) -> float:
+        """Modelled seconds until every row is done, each row taking ``steps`` (per row) more steps of this shape:
+        the batch shrinks as rows finish, so a shape under which rows part far apart leaves its slowest rows
+        decoding in small, dear steps (a step's cost falls much less than its rows)."""
+        ends = steps.sort().values.tolist()
+        total, done = 0.0, 0.0
+        for i, end in enumerate(ends):
+            if end > done:
+                total += (end - done) * self._step_seconds_memo(len(ends) - i, depth, lookup, context)
+                done = end
+        return total
+
+    def _step_seconds_memo(self, rows: int, depth: int, lookup: int, context: int | None) -> float:
+        """``step_seconds``, remembered per CONTEXT_BUCKET tokens of context (it is called per row count, depth and
+        lookup at every step)."""
+        key = (rows, depth, lookup, None if context is None else context // CONTEXT_BUCKET)
+        if key not in self._memo:
+            self._memo[key] = self.step_seconds(rows, depth, lookup, context)
+        return self._memo[key]
 
     @property
     def relax(self) -> float:

@@ -90,7 +90,8 @@ class TreeDecoder:
             rows, context = list(self.rows), self.verifier.cache.length
             shape = self.controller.choose(rows, 0 if chain is None else chain.shape[1],
                                            max_depth=None if self.drafter.levels is not None else remaining - 1,
-                                           proposed=proposed, behind=behind, context=context)
+                                           proposed=proposed, behind=behind, context=context,
+                                           remaining=[self.max_new_tokens - self.generated[r] for r in rows])
             accepted, looked_up = self.step(shape.depth, chain if shape.depth and shape.lookup else None, shape)
             seconds = time.perf_counter() - t0 if len(self.rows) == len(rows) else None  # rows dropped: not timed
             self.controller.observe(rows, shape, accepted, seconds, looked_up, proposed, behind, context)
