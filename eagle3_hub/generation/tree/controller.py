@@ -186,7 +186,7 @@ class TreeController:
             tokens = self.expected_tokens(rows, depth)
             for m in (0, lookup) if depth >= 1 and lookup else (0,):
                 per_row = tokens + gain if m else tokens
-                if left is None:  # seconds per token
+                if left is None or len(rows) == 1:  # seconds per token (one row: the same choice as finishing soonest)
                     seconds = self.step_seconds(len(rows), depth, m, context) / float(per_row.sum())
                 else:
                     seconds = self.finish_seconds(left / per_row, depth, m, context)
