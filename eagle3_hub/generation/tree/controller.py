@@ -15,14 +15,13 @@ tree of as many slots, an error a tree's factor hides; a tree after steps withou
 into the draft, so trying a tree again costs more than drafting on, and a batch near break-even that counted it as
 a plain tree step kept trying trees that lost. What a catch-up costs beyond a tree step fades while no tree runs, as
 the acceptance estimates relax: one slow catch-up does not stop a batch from trying trees for good. Depth 0 is no
-tree: one token per row through the same forward. The controller picks the depth that would
-finish the batch soonest if every step to the end took it: each row's tokens still to generate (up to
-max_new_tokens; an end-of-sequence token may come sooner) over its expected
-tokens per step give the step at which it finishes, and the batch's steps cost less as rows finish. A step costs
-nearly as much for one row as for several, so a tree that speeds up the rows that accept, while the batch's slowest
-row gains little, leaves that row decoding alone at almost the full step's price; the most tokens per second over
-the batch's rows counted those early finishers' tokens as if the batch were done sooner. With one row the two are
-the same. Finished rows have left the batch and weigh nothing.
+tree: one token per row through the same forward. The controller picks the depth that would finish the batch soonest
+if every step to the end took it: each row's tokens still to generate (up to max_new_tokens; an end-of-sequence token
+may come sooner) over its expected tokens per step give the step at which it finishes, and the batch's steps cost less
+as rows finish. A step costs nearly as much for one row as for several, so a tree that speeds up the rows that accept,
+while the batch's slowest row gains little, leaves that row decoding alone at almost the full step's price; the most
+tokens per second over the batch's rows counted those early finishers' tokens as if the batch were done sooner. With
+one row the two are the same. Finished rows have left the batch and weigh nothing.
 
 The lookup branch (tokens copied from the text so far) rides with a tree only when it pays: its slots are verified
 for every row, which a CPU at batch 1 barely notices and a batch of 8 pays for at full price. Each row keeps a
