@@ -29,6 +29,7 @@ from eagle3_hub.generation.tree import (
     LOOKUP_SHARE,
     TREE_DEFAULTS,
     TreeDecodingOutput,
+    TreeKVCache,
     acceptance,
     attention_kernels,
     custom_generate_files,
@@ -567,8 +568,6 @@ def test_batch_left_padding_rows_equal_their_batch_one_output():
 def test_finished_rows_leave_the_cache_without_a_copy_of_it():
     """The last rows move into finished rows' places within the buffer (no new buffer per finished row); any other
     order still selects the right rows."""
-    from eagle3_hub.generation.tree import TreeKVCache
-
     cache = TreeKVCache(num_layers=2, capacity=12)
     kv = [(torch.randn(5, 2, 7, 4), torch.randn(5, 2, 7, 4)) for _ in range(2)]
     cache.load(kv)

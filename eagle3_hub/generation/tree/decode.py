@@ -78,7 +78,8 @@ class TreeDecoder:
 
         behind = False  # the draft has steps without a tree to read (it read the prompt with the prefill)
         while self.rows:
-            remaining = max(self.max_new_tokens - self.generated[r] for r in self.rows)
+            left = [self.max_new_tokens - self.generated[r] for r in self.rows]  # per active row
+            remaining = max(left)
             chain, proposed = self._lookup_chain(min(c.lookup_tokens, remaining - 1))
             if self.controller is None:
                 depth = min(c.depth, remaining - 1)
@@ -91,7 +92,7 @@ class TreeDecoder:
             shape = self.controller.choose(rows, 0 if chain is None else chain.shape[1],
                                            max_depth=None if self.drafter.levels is not None else remaining - 1,
                                            proposed=proposed, behind=behind, context=context,
-                                           remaining=[self.max_new_tokens - self.generated[r] for r in rows])
+                                           remaining=left)
             accepted, looked_up = self.step(shape.depth, chain if shape.depth and shape.lookup else None, shape)
             seconds = time.perf_counter() - t0 if len(self.rows) == len(rows) else None  # rows dropped: not timed
             self.controller.observe(rows, shape, accepted, seconds, looked_up, proposed, behind, context)
