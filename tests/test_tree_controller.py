@@ -401,6 +401,46 @@ def test_steps_without_a_tree_relax_the_estimates_so_a_tree_is_tried_again():
     assert depths[0] == 0 and max(depths) >= 1
 
 
+def test_a_choice_of_no_tree_stands_and_its_steps_relax_as_one_by_one(monkeypatch):
+    """After the shapes were weighed and no tree won, the choice stands for STANDING_STEPS steps of the same rows
+    (nothing is weighed); those steps' relaxing and timings then count as if observed one by one. A lookup branch on
+    offer, or other rows, are weighed at once."""
+    costs = synthetic(lambda r, s: 0.01 * r * s, draft_read=0.002, draft_level=0.002)  # trees never pay
+    rows = list(range(4))
+
+    def run(steps):
+        c = TreeController(CONFIG, costs, rows=4)
+        settle(c, rows, lambda r: 1)
+        weighed, behind = [], False
+        for i in range(steps):
+            shape = c.choose(rows, behind=behind, context=40 + i)
+            weighed.append(c.weighed)
+            assert shape.depth == 0
+            c.observe(rows, shape, [0] * 4, 1.3 * c.step_seconds(4, 0, context=40 + i), behind=behind,
+                      context=40 + i)
+            behind = True
+        return c, weighed
+
+    steps = 2 * controller_mod.STANDING_STEPS
+    standing, weighed = run(steps)
+    assert weighed == ([True] + [False] * (controller_mod.STANDING_STEPS - 1)) * 2
+    assert standing.chosen == {"none": steps}
+    monkeypatch.setattr(controller_mod, "STANDING_STEPS", 1)
+    every_step, weighed = run(steps)
+    assert all(weighed)
+    assert not standing.stale and not every_step.stale  # applies what stood: both have seen the same steps
+    assert standing.alpha == pytest.approx(every_step.alpha)
+    assert standing.lookup_gain == pytest.approx(every_step.lookup_gain)
+    assert standing.catch_up_weight == pytest.approx(every_step.catch_up_weight)
+    assert standing.factor == pytest.approx(every_step.factor) and standing.factor["none"] == pytest.approx(1.3)
+    monkeypatch.undo()
+    c = TreeController(CONFIG, costs, rows=4)
+    assert c.choose(rows).depth == 0 and c.weighed
+    assert c.choose(rows, lookup=4, behind=True) is not None and c.weighed  # a branch on offer: weighed
+    c.choose(rows, behind=True)
+    assert c.choose(rows[:3], behind=True) is not None and c.weighed  # a row finished: weighed
+
+
 def _trial_steps(controller, rows, accepted, steps=400):
     """Run ``steps`` steps, trees accepting ``accepted`` draft tokens per row; the steps that chose a tree."""
     trials, behind = [], False

@@ -21,13 +21,14 @@ for b in (4, 8, 16):
     config = TreeConfig().resolve(torch.device("cpu"), torch.bfloat16, True, draft.config.draft_vocab_size, b)
     costs = step_costs(target, draft, config, b, config.total_tokens + config.lookup_tokens + 1)
     controller = TreeController(config, costs, b)
-    rows, left, steps, chose = list(range(b)), [200] * b, 255, 0.0
+    rows, left, steps, chose, behind = list(range(b)), [200] * b, 255, 0.0, False
     start = time.perf_counter()
-    for i in range(steps):
+    for i in range(steps):  # as the decoder calls them: `behind` after a step without a tree
         t = time.perf_counter()
-        shape = controller.choose(rows, 0, remaining=left, context=100 + i)
+        shape = controller.choose(rows, 0, remaining=left, context=100 + i, behind=behind)
         chose += time.perf_counter() - t
-        controller.observe(rows, shape, [0] * b, 0.02, behind=shape.depth == 0, context=100 + i)
+        controller.observe(rows, shape, [0] * b, 0.02, behind=behind, context=100 + i)
+        behind = shape.depth == 0
     total = (time.perf_counter() - start) / steps
     print(f"batch {b}: choose {chose / steps * 1e3:.3f} ms, choose + observe {total * 1e3:.3f} ms a step, "
           f"shapes {controller.chosen}")

@@ -39,6 +39,12 @@ that pays restores it. A batch where trees lose (a large batch sampling at T=1, 
 rarely, while one where they pay now and then keeps finding them. Only which candidates are verified changes, so the
 output is the target's whatever the controller chooses.
 
+A choice of no tree stands for STANDING_STEPS steps while the same rows decode without trees and without a lookup
+branch on offer:
+such a run changes nothing but the estimates' relaxing, which those steps then apply at once (in closed form) with
+their timings. Weighing every shape at every step cost a batch that no tree pays for about 1-2% of its time, the
+whole of what separated it from plain decoding through the same forward.
+
 A cached table can be wrong for today's machine: measured while another process held a core, it makes every tree
 look dear and the controller keeps choosing tiny trees. When the run's own steps are much faster than the table
 (``stale``), the decoder measures the table again and hands it over (``replace_costs``), once per table per process.
@@ -49,7 +55,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import torch
+import numpy as np
 
 from .config import TreeConfig
 from .costs import StepCosts
@@ -66,6 +72,7 @@ LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this shar
 # Steps run this much faster than the table says (the median of a kind's last RESIDUAL_STEPS): the table was measured
 # while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
 STALE_RATIO = 0.6
+STANDING_STEPS = 8  # steps a choice of no tree stands before the shapes are weighed again
 CONTEXT_BUCKET = 16  # tokens of context over which a step's modelled seconds are taken as one
 KINDS = ("none", "tree", "lookup", "catch_up")  # the kinds of step whose factors are kept apart
 
@@ -118,8 +125,9 @@ class TreeController:
     def __init__(self, config: TreeConfig, costs: StepCosts, rows: int, row_depths: bool = True,
                  prior: float = PRIOR_ACCEPT):
         self.config, self.costs, self.row_depths, self.prior = config, costs, row_depths, prior
-        self.alpha = torch.full((rows, config.depth), prior, dtype=torch.float64)
-        self.lookup_gain = torch.full((rows,), LOOKUP_PRIOR, dtype=torch.float64)
+        # NumPy, not torch: a step reads and updates a few numbers per row, where a torch op costs microseconds
+        self.alpha = np.full((rows, config.depth), prior)
+        self.lookup_gain = np.full(rows, LOOKUP_PRIOR)
         # measured over modelled seconds per step, by kind (``step_kind``): the median of the last RESIDUAL_STEPS, so
         # that a one-off (a first shape's warm-up, another process) does not decide
         self._forget_times()
@@ -127,6 +135,11 @@ class TreeController:
         self.catch_up_weight = 1.0  # the share of the catch-up's extra factor still counted (fades without trees)
         self.failed_trials = 0  # trials in a row (trees after steps without one) that the next step did not follow
         self.trial = False  # the step just observed was a trial: the next choice tells whether it paid
+        self.standing = 0  # steps the last choice of no tree still stands for ``standing_rows``
+        self.standing_rows: list[int] | None = None
+        self.weighed = False  # the last choice weighed the shapes (not a standing one)
+        self._unapplied = 0  # steps without a tree observed for ``standing_rows`` whose relaxing is not applied yet
+        self._untimed: list[tuple[float, int, int | None]] = []  # their (seconds, rows, context), oldest first
 
     def _forget_times(self):
         self._memo: dict[tuple, float] = {}
@@ -150,13 +163,13 @@ class TreeController:
         n = nodes_at(self.config, depth)
         return StepShape(depth, min(self.config.tree_top_k, max(n, 1)), n)
 
-    def expected_tokens(self, rows: list[int], depth: int) -> torch.Tensor:
+    def expected_tokens(self, rows: list[int], depth: int) -> np.ndarray:
         """(len(rows),) tokens each row is expected to commit in a step of ``depth`` levels (the bonus token
         included)."""
         if depth < 1:
-            return torch.ones(len(rows), dtype=torch.float64)
-        reach = self.alpha[rows, :depth].cumprod(dim=1)
-        return 1.0 + reach.sum(dim=1)
+            return np.ones(len(rows))
+        reach = self.alpha[rows, :depth].cumprod(axis=1)
+        return 1.0 + reach.sum(axis=1)
 
     def step_seconds(self, rows: int, depth: int, lookup: int = 0, context: int | None = None) -> float:
         """Modelled seconds of a step of ``depth`` levels (with a lookup branch of ``lookup`` tokens) for ``rows``
@@ -174,12 +187,19 @@ class TreeController:
         that would finish the batch soonest if every step to the end took it; ``remaining``: each row's tokens
         still to generate (None: the most expected tokens per second);
         ``behind``: a tree would first read steps without one; ``context``: the tokens the step attends to."""
+        if self.standing and behind and not lookup and rows == self.standing_rows:
+            self.standing -= 1
+            self.weighed = False
+            self.chosen["none"] += 1
+            return self.shape(0)
+        self._apply_standing()
+        self.weighed = True
         top = self.config.depth if max_depth is None else min(self.config.depth, max_depth)
-        gain = torch.zeros(len(rows), dtype=torch.float64)
+        gain = np.zeros(len(rows))
         if lookup:
-            held = torch.tensor([True] * len(rows) if proposed is None else proposed, dtype=torch.bool)
-            gain = torch.where(held, self.lookup_gain[rows], 0.0)
-        left = None if remaining is None else torch.tensor(remaining, dtype=torch.float64)
+            held = np.array([True] * len(rows) if proposed is None else proposed, dtype=bool)
+            gain = np.where(held, self.lookup_gain[rows], 0.0)
+        left = None if remaining is None else np.array(remaining, dtype=np.float64)
         best, best_lookup, best_time = 0, 0, math.inf
         for depth in range(top + 1):
             tokens = self.expected_tokens(rows, depth)
@@ -199,14 +219,15 @@ class TreeController:
         if self.trial:  # a trial followed by no tree did not pay: relax more slowly until one does
             self.failed_trials = 0 if best >= 1 else self.failed_trials + 1
             self.trial = False
+        self.standing, self.standing_rows = (STANDING_STEPS - 1, list(rows)) if best == 0 else (0, None)
         self.chosen[shape.label] = self.chosen.get(shape.label, 0) + 1
         return shape
 
-    def finish_seconds(self, steps: torch.Tensor, depth: int, lookup: int, context: int | None) -> float:
+    def finish_seconds(self, steps: np.ndarray, depth: int, lookup: int, context: int | None) -> float:
         """Modelled seconds until every row is done, each row taking ``steps`` (per row) more steps of this shape:
         the batch shrinks as rows finish, so a shape under which rows part far apart leaves its slowest rows
         decoding in small, dear steps (a step's cost falls much less than its rows)."""
-        ends = steps.sort().values.tolist()
+        ends = np.sort(steps).tolist()
         total, done = 0.0, 0.0
         for i, end in enumerate(ends):
             if end > done:
@@ -230,8 +251,8 @@ class TreeController:
     def _row_depths(self, rows: list[int], shape: StepShape) -> tuple[int, ...] | None:
         """Per row: the deepest level it reaches with at least MIN_REACH chance, no shallower than the levels
         that hold the step's nodes; None when every row keeps the step's depth."""
-        reach = self.alpha[rows, : shape.depth].cumprod(dim=1)
-        deep = (reach >= MIN_REACH).sum(dim=1).clamp(min=levels_for(shape.total_tokens, shape.top_k), max=shape.depth)
+        reach = self.alpha[rows, : shape.depth].cumprod(axis=1)
+        deep = np.clip((reach >= MIN_REACH).sum(axis=1), levels_for(shape.total_tokens, shape.top_k), shape.depth)
         depths = tuple(int(d) for d in deep)
         return None if all(d == shape.depth for d in depths) else depths
 
@@ -244,11 +265,19 @@ class TreeController:
         time (updates the factor of its kind; None: not timed); ``behind``: the step first read steps without a
         tree."""
         depth = shape.depth
+        if depth < 1 and not shape.lookup and rows == self.standing_rows:  # applied with the run's other steps
+            self._unapplied += 1
+            if seconds is not None:
+                self._untimed.append((seconds, len(rows), context))
+                del self._untimed[:-RESIDUAL_STEPS]
+            self.trial = False
+            return
+        self._apply_standing()
         row_depth = shape.row_depth or (depth,) * len(rows)
         if depth >= 1:
             for r, a, d in zip(rows, accepted, row_depth):
                 reached = min(a + 1, d)  # positions 1..reached were tried; the first a accepted
-                hit = (torch.arange(reached) < a).double()
+                hit = (np.arange(reached) < a).astype(np.float64)
                 self.alpha[r, :reached] += RATE * (hit - self.alpha[r, :reached])
         else:
             self.alpha[rows] += self.relax * (self.prior - self.alpha[rows])
@@ -264,22 +293,43 @@ class TreeController:
             kind = step_kind(depth, shape.lookup, behind)
             if kind == "catch_up":
                 self.catch_up_weight = 1.0
-            recent = self.recent[kind]
-            recent.append((seconds, self.step_seconds(len(rows), depth, shape.lookup, context)))
-            del recent[:-RESIDUAL_STEPS]
-            self.factor[kind] = _median([t / max(m, 1e-12) for t, m in recent])
+            self._time(kind, [(seconds, self.step_seconds(len(rows), depth, shape.lookup, context))])
         self.trial = depth >= 1 and behind
+
+    def _time(self, kind: str, steps: list[tuple[float, float]]):
+        """Add (measured, modelled) seconds of steps of ``kind``; its factor is the median of the latest."""
+        recent = self.recent[kind]
+        recent.extend(steps)
+        del recent[:-RESIDUAL_STEPS]
+        self.factor[kind] = _median([t / max(m, 1e-12) for t, m in recent])
+
+    def _apply_standing(self):
+        """Apply the steps without a tree observed during a standing choice: n steps of relaxing at once, and their
+        timings."""
+        n, rows = self._unapplied, self.standing_rows
+        if n:
+            keep = (1.0 - self.relax) ** n
+            self.alpha[rows] = self.prior + (self.alpha[rows] - self.prior) * keep
+            self.catch_up_weight *= keep
+            gain_keep = (1.0 - LOOKUP_RELAX) ** n
+            self.lookup_gain[rows] = LOOKUP_PRIOR + (self.lookup_gain[rows] - LOOKUP_PRIOR) * gain_keep
+            self._unapplied = 0
+        if self._untimed:
+            self._time("none", [(t, self.step_seconds(r, 0, 0, c)) for t, r, c in self._untimed])
+            self._untimed = []
 
     @property
     def stale(self) -> bool:
         """Whether the run's steps of either kind are much faster than the cost table says (its last
         RESIDUAL_STEPS of them, median below STALE_RATIO of the modelled seconds)."""
+        self._apply_standing()
         return any(len(r) >= RESIDUAL_STEPS and _median([t / max(m, 1e-12) for t, m in r]) < STALE_RATIO
                    for r in self.recent.values())
 
     def replace_costs(self, costs: StepCosts):
         """Continue with ``costs`` (measured again): what was learnt about the old table's errors is dropped, the
         acceptance estimates are kept."""
+        self._apply_standing()
         self.costs = costs
         self._forget_times()
 

@@ -97,7 +97,8 @@ class TreeDecoder:
             seconds = time.perf_counter() - t0 if len(self.rows) == len(rows) else None  # rows dropped: not timed
             self.controller.observe(rows, shape, accepted, seconds, looked_up, proposed, behind, context)
             behind = shape.depth == 0
-            if not self.controller.costs.fresh and self.controller.stale:  # a table from a busier machine
+            # a table from a busier machine (asked when the shapes were weighed: a standing choice holds its timings)
+            if self.controller.weighed and not self.controller.costs.fresh and self.controller.stale:
                 self.controller.replace_costs(step_costs(self.target, self.draft, c, b, slots, refresh=True))
                 self.stats.costs_measured_again = True
         if self.controller is not None:
