@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -793,8 +794,6 @@ def _torchrun_two(config: Path, outputs: list[Path], timeout: int = 150, tries: 
     workers too. Under a loaded machine the two gloo processes have hung, rarely, after the data and vocabulary were
     ready (cause not found; alone the run takes about 10 s): a run past ``timeout`` is killed and retried once from
     scratch, and a second hang fails the test with both runs' last output."""
-    import shutil
-
     seen = []
     for _ in range(tries):
         for out in outputs:

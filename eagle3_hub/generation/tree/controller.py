@@ -41,8 +41,8 @@ output is the target's whatever the controller chooses.
 
 A choice of no tree stands for STANDING_STEPS steps while the same rows decode without trees and without a lookup
 branch on offer: such a run changes nothing but the estimates' relaxing, which is applied at once (in closed form)
-when it ends, with the steps' timings. Weighing every shape at every step cost a batch that no tree pays for 0.7-1.6%
-of its time on a 2-core CPU.
+when it ends, with the steps' timings: on a CPU, weighing every shape at every step is a measurable share of a step
+that no tree pays for (docs/benchmarks.md).
 
 A cached table can be wrong for today's machine: measured while another process held a core, it makes every tree
 look dear and the controller keeps choosing tiny trees. When the run's own steps are much faster than the table
