@@ -9,6 +9,7 @@ learnable and regenerated answers contain the tokens it predicts.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -17,9 +18,11 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from collections import namedtuple
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 import yaml
@@ -790,25 +793,37 @@ def test_offline_features_are_reused_from_an_earlier_run(tmp_path, tiny_target_d
 
 
 def _torchrun_two(config: Path, outputs: list[Path], timeout: int = 150, tries: int = 2):
-    """`torchrun --nproc_per_node 2` of `eagle3-hub train`, in its own process group so that a timeout kills the
-    workers too. Under a loaded machine the two gloo processes have hung, rarely, after the data and vocabulary were
-    ready (cause not found; alone the run takes about 10 s): a run past ``timeout`` is killed and retried once from
-    scratch, and a second hang fails the test with both runs' last output."""
+    """`torchrun --nproc_per_node 2` of `eagle3-hub train`. Under a loaded machine the two gloo processes have hung,
+    rarely, after the data and vocabulary were ready (alone the run takes about 10 s): a run past ``timeout`` has its
+    training processes print their Python stacks (faulthandler, on SIGABRT), is killed whole (torchrun starts them in
+    sessions of their own, out of reach of the launcher's group) and is retried once from scratch. A run that hung
+    once shows its stacks in pytest's warnings summary; a second hang fails the test with both runs' output."""
     seen = []
     for _ in range(tries):
         for out in outputs:
             shutil.rmtree(out, ignore_errors=True)
         proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
                                  "-m", "eagle3_hub.commands.train", "--config", str(config)],
-                                env={**ENV, "ACCELERATE_USE_CPU": "true"}, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+                                env={**ENV, "ACCELERATE_USE_CPU": "true", "PYTHONFAULTHANDLER": "1"},
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
+            if seen:
+                warnings.warn(f"torchrun hung past {timeout} s once, then ran; the hung run's output:\n{seen[0]}")
             return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            workers = psutil.Process(proc.pid).children(recursive=True)
+            for w in workers:  # frozen first: once one dies, torchrun stops the others
+                w.send_signal(signal.SIGSTOP)
+            for w in workers:  # one at a time, each stack whole: SIGABRT (6) is delivered before torchrun's SIGTERM
+                w.send_signal(signal.SIGABRT)  # its faulthandler prints where each thread waits
+                w.send_signal(signal.SIGCONT)
+                psutil.wait_procs([w], timeout=10)
+            for p in [proc, *workers]:  # the pipes close only when every holder is gone
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    psutil.Process(p.pid).kill()
             stdout, stderr = proc.communicate()
-            seen.append((stdout + stderr)[-1500:])
+            seen.append((stdout + stderr)[-12000:])
     pytest.fail(f"torchrun hung past {timeout} s in all {tries} runs; their last output:\n" + "\n---\n".join(seen))
 
 
