@@ -812,18 +812,19 @@ def _torchrun_two(config: Path, outputs: list[Path], timeout: int = 150, tries: 
                 warnings.warn(f"torchrun hung past {timeout} s once, then ran; the hung run's output:\n{seen[0]}")
             return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         except subprocess.TimeoutExpired:
-            workers = psutil.Process(proc.pid).children(recursive=True)
-            for w in workers:  # frozen first: once one dies, torchrun stops the others
-                w.send_signal(signal.SIGSTOP)
-            for w in workers:  # one at a time, each stack whole: SIGABRT (6) is delivered before torchrun's SIGTERM
-                w.send_signal(signal.SIGABRT)  # its faulthandler prints where each thread waits
-                w.send_signal(signal.SIGCONT)
-                psutil.wait_procs([w], timeout=10)
-            for p in [proc, *workers]:  # the pipes close only when every holder is gone
-                with contextlib.suppress(psutil.NoSuchProcess):
-                    psutil.Process(p.pid).kill()
+            workers = []
+            with contextlib.suppress(psutil.NoSuchProcess):  # a process may end while it is being signalled
+                launcher = psutil.Process(proc.pid)
+                launcher.suspend()  # else, once one worker dies, it kills the other before that one's stacks print
+                workers = launcher.children(recursive=True)
+                for w in workers:  # one at a time, so that the stacks do not interleave
+                    w.send_signal(signal.SIGABRT)  # its faulthandler prints where each thread waits
+                    psutil.wait_procs([w], timeout=10)
+            for pid in [proc.pid, *(w.pid for w in workers)]:  # the pipes close only when every holder is gone
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             stdout, stderr = proc.communicate()
-            seen.append((stdout + stderr)[-12000:])
+            seen.append(stdout[-2000:] + stderr[-24000:])  # the stacks are at the end of stderr
     pytest.fail(f"torchrun hung past {timeout} s in all {tries} runs; their last output:\n" + "\n---\n".join(seen))
 
 
