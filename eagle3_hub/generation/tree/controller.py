@@ -321,9 +321,8 @@ class TreeController:
     def stale(self) -> bool:
         """Whether the run's steps of either kind are much faster than the cost table says (its last
         RESIDUAL_STEPS of them, median below STALE_RATIO of the modelled seconds)."""
-        self._apply_standing()
-        return any(len(r) >= RESIDUAL_STEPS and _median([t / max(m, 1e-12) for t, m in r]) < STALE_RATIO
-                   for r in self.recent.values())
+        self._apply_standing()  # a standing choice's steps count too
+        return any(len(self.recent[k]) >= RESIDUAL_STEPS and self.factor[k] < STALE_RATIO for k in KINDS)
 
     def replace_costs(self, costs: StepCosts):
         """Continue with ``costs`` (measured again): what was learnt about the old table's errors is dropped, the
