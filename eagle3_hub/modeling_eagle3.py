@@ -137,6 +137,8 @@ class Eagle3Attention(nn.Module):
         if len(ttt_cache) == ttt_step:
             ttt_cache.append((k, v))
         entries = ttt_cache[:ttt_step] + [(k, v)]
+        if self.sliding_window is not None:  # the diagonal key of step i sits ttt_step - i positions back
+            entries = entries[:1] + [e for i, e in enumerate(entries[1:], 1) if ttt_step - i < self.sliding_window]
         k0, v0 = entries[0]
         k0, v0 = repeat_kv(k0, self.num_kv_groups), repeat_kv(v0, self.num_kv_groups)
         scores = torch.matmul(q, k0.transpose(2, 3)) * self.scaling  # (b, h, s, s)
