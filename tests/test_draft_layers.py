@@ -9,6 +9,7 @@ import logging
 
 import pytest
 import torch
+from engine_spec import vllm_problems
 from safetensors.torch import load_file, save_file
 from tiny_models import left_padded, make_tiny_target
 from transformers import DynamicCache
@@ -246,6 +247,7 @@ def test_round_trips_keep_the_fields_and_the_tensors(tmp_path, variant):
     state = draft.state_dict()
     export_draft(draft, tmp_path / "ours")
     export_draft(draft, tmp_path / "vllm", to="vllm", verifier="tiny")
+    assert vllm_problems(tmp_path / "vllm", num_target_layers=4) == []
     layer = json.loads((tmp_path / "vllm" / "config.json").read_text())["transformer_layer_config"]
     assert layer["num_hidden_layers"] == draft.config.num_hidden_layers
     if "sliding_attention" in draft.config.layer_types:

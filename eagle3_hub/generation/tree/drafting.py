@@ -166,7 +166,7 @@ class Drafter:
         # levels are not drafted (the same tree)
         depth = min(depth, self.total_tokens)
         tree = self.grow(depth, score, token, root_hidden, self.valid[:, None, :], self.cache, next_pos, row_depth,
-                         ctx_pos=self.pos)
+                         self.pos)
         self.cache.rollback()  # the tree's draft slots are not context
         return tree
 
@@ -285,7 +285,7 @@ class DraftLevels:
         def levels():
             scratch.reset()
             return drafter.grow(depth, static["score"], static["token"], static["hidden"], static["valid"][:, None, :],
-                                scratch, static["pos"], ctx_pos=static["ctx_pos"])
+                                scratch, static["pos"], None, static["ctx_pos"])
 
         if not self.capture:
             out = levels()
