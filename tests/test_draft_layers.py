@@ -334,3 +334,12 @@ def test_every_known_field_is_accounted_for_and_an_unknown_one_is_named(tmp_path
                                                                    for r in caplog.records)
     loaded = load({"num_hidden_layers": 1, "layer_types": ["sliding_attention"], "sliding_window": 3})
     assert (loaded.config.layer_types, loaded.config.sliding_window) == (["sliding_attention"], 3)
+
+
+def test_the_model_card_describes_the_layers(tmp_path):
+    from eagle3_hub.card import write_model_card
+
+    target = make_tiny_target("llama")
+    Eagle3DraftModel.from_target(target, **TWO_LAYERS).save_pretrained(tmp_path / "d")
+    text = write_model_card(tmp_path / "d", base_model="HuggingFaceTB/SmolLM2-135M-Instruct").read_text()
+    assert "then 1 further Llama decoder layer; sliding-window attention (4 positions) in layers 1" in text
