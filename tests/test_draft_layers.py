@@ -343,3 +343,23 @@ def test_the_model_card_describes_the_layers(tmp_path):
     Eagle3DraftModel.from_target(target, **TWO_LAYERS).save_pretrained(tmp_path / "d")
     text = write_model_card(tmp_path / "d", base_model="HuggingFaceTB/SmolLM2-135M-Instruct").read_text()
     assert "then 1 further Llama decoder layer; sliding-window attention (4 positions) in layers 1" in text
+
+
+def test_a_recipe_trains_a_windowed_two_layer_draft(tmp_path, tiny_target_dir, data_dir):
+    """`eagle3-hub train` with `draft: {num_hidden_layers: 2, layer_types: [...], sliding_window: 4}`: the saved
+    draft keeps the fields, and tree decoding with it is lossless."""
+    from training_helpers import recipe_for
+
+    from eagle3_hub.targets import load_target
+    from eagle3_hub.training.train import train
+
+    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "prompts.json"], draft=TWO_LAYERS,
+                        train={"max_steps": 2, "save_every": 2, "eval_every": 2})
+    train(recipe)
+    target, _ = load_target(str(tiny_target_dir), dtype=torch.float32)
+    draft = Eagle3DraftModel.from_pretrained(tmp_path / "work" / "draft", target=target)
+    c = draft.config
+    assert (c.num_hidden_layers, c.layer_types, c.sliding_window) == (2, TWO_LAYERS["layer_types"], 4)
+    ids = torch.randint(3, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
+    out = generate(target, draft, ids, max_new_tokens=20, eos_token_id=[], depth=3, tree_top_k=2, total_tokens=6)
+    assert torch.equal(out.sequences, plain_greedy(target, ids, torch.ones_like(ids), 20))
