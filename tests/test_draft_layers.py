@@ -363,3 +363,11 @@ def test_a_recipe_trains_a_windowed_two_layer_draft(tmp_path, tiny_target_dir, d
     ids = torch.randint(3, target.config.vocab_size, (1, 8), generator=torch.Generator().manual_seed(0))
     out = generate(target, draft, ids, max_new_tokens=20, eos_token_id=[], depth=3, tree_top_k=2, total_tokens=6)
     assert torch.equal(out.sequences, plain_greedy(target, ids, torch.ones_like(ids), 20))
+
+
+def test_inconsistent_layer_fields_of_a_foreign_config_name_the_folder(tmp_path):
+    target = make_tiny_target("llama")
+    folder = tmp_path / "spec"
+    _speculators_09_folder(folder, target, num_hidden_layers=2)  # layer_types still lists one layer
+    with pytest.raises(ValueError, match=r"spec's config.json: layer_types=\['sliding_attention'\] must list"):
+        Eagle3DraftModel.from_pretrained(folder)

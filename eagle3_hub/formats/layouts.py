@@ -204,7 +204,10 @@ def config_from_layout(
     kwargs["target_num_hidden_layers"] = num_target_layers or config.get("target_num_hidden_layers")
     kwargs["target_model_type"] = config.get("target_model_type")
     kwargs.update(overrides or {})
-    return Eagle3Config(**kwargs)
+    try:
+        return Eagle3Config(**kwargs)
+    except ValueError as e:  # e.g. layer_types that do not match num_hidden_layers: name the file
+        raise ValueError(f"{source}'s config.json: {e}") from None
 
 
 _LEGACY_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
@@ -327,7 +330,11 @@ def load_foreign_draft(
             )
         resolve_aux_layer_ids(config_dict, layout, source, num_layers, aux_layer_convention)  # the keys must agree
         check_fields(config_dict, source)
-        check_tensors(cls, Eagle3Config.from_dict(config_dict), shapes, layout, source)
+        try:
+            config = Eagle3Config.from_dict(config_dict)
+        except ValueError as e:
+            raise ValueError(f"{source}'s config.json: {e}") from None
+        check_tensors(cls, config, shapes, layout, source)
         return None
     overrides = {k: bool(kwargs.pop(k)) for k in VARIANT_FLAGS if kwargs.get(k) is not None}
     config = config_from_layout(config_dict, layout, aux_layer_ids, num_layers, source, aux_layer_convention, overrides)
