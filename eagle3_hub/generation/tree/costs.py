@@ -149,6 +149,15 @@ class StepCosts:
             lines += ["", self.longer.table()]
         return "\n".join(lines)
 
+    def zero_times(self) -> str | None:
+        """What of a measured table took no time, which no forward does (a zero verification would make the deepest
+        tree free, every step); None when nothing. The draft's per-level time may be 0: measured within noise."""
+        for name, table in (("verify", {(r, s): t for r, by in self.verify.items() for s, t in by.items()}),
+                            ("draft_read", self.draft_read)):
+            if any(t <= 0 for t in table.values()):
+                return f"has a {name} time of 0 seconds"
+        return None if self.longer is None else self.longer.zero_times()
+
     def to_json(self) -> dict:
         return {"format": COSTS_FORMAT, "key": self.key, "top_k": self.top_k, "device": self.device, "dtype": self.dtype,
                 "verify": {str(r): {str(s): t for s, t in by.items()} for r, by in self.verify.items()},
@@ -168,7 +177,7 @@ class StepCosts:
                 raise ValueError(f"{name!r} is {data.get(name)!r}, not a {kind.__name__}")
         if data["context"] != context:
             raise ValueError(f"a table after {data['context']} tokens where one after {context} belongs")
-        rows = _rows_of(data.get("verify"), "verify", lambda by: _times_of(by, "verify", positive=True))
+        rows = _rows_of(data.get("verify"), "verify", lambda by: _times_of(by, "verify"))
         if not rows or any(not by for by in rows.values()):
             raise ValueError("'verify' holds no timings")
         slow = data.get("slow_rows", [])
@@ -176,8 +185,8 @@ class StepCosts:
             raise ValueError(f"'slow_rows' is {slow!r}, not a list of row counts")
         longer = data.get("longer")
         return cls(key=data["key"], top_k=data["top_k"], device=data["device"], dtype=data["dtype"], verify=rows,
-                   draft_read=_times_of(data.get("draft_read"), "draft_read", positive=True),
-                   draft_level=_times_of(data.get("draft_level"), "draft_level", positive=False),  # may be within noise
+                   draft_read=_times_of(data.get("draft_read"), "draft_read"),
+                   draft_level=_times_of(data.get("draft_level"), "draft_level"),
                    slow_rows=set(slow), context=data["context"],
                    longer=None if longer is None else cls.from_json(longer, LONG_CONTEXT_TOKENS))
 
@@ -194,11 +203,11 @@ def _rows_of(value, name: str, each) -> dict:
     return out
 
 
-def _times_of(value, name: str, positive: bool) -> dict[int, float]:
-    """``{count: seconds}``, every time a finite number, above 0 (``positive``) or at least 0."""
+def _times_of(value, name: str) -> dict[int, float]:
+    """``{count: seconds}``, every time a finite number, at least 0."""
     def time_of(t):
-        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0 or (positive and t == 0):
-            raise ValueError(f"{name!r} holds {t!r}, not a finite {'positive ' if positive else ''}time in seconds")
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"{name!r} holds {t!r}, not a finite time in seconds")
         return float(t)
 
     return _rows_of(value, name, time_of)
@@ -314,6 +323,8 @@ def _read(path: Path, key: str, top_k: int, device: str, dtype: str) -> StepCost
         table = StepCosts.from_json(data)
     except ValueError as e:
         return _measure_again(path, str(e))
+    if table.zero_times() is not None:
+        return _measure_again(path, table.zero_times())
     for name, want in (("key", key), ("top_k", top_k), ("device", device), ("dtype", dtype)):
         for part in (table, table.longer):
             if part is not None and getattr(part, name) != want:
