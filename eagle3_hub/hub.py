@@ -1,6 +1,7 @@
 """``eagle3-hub push``: upload a draft folder to the Hugging Face Hub (``HfApi.create_repo`` + one commit).
 
-What goes up: the folder's weights, ``config.json``, generation config, the code files that
+What goes up: the files inside the folder (a link that leaves it is skipped, said in a line; a folder whose only
+weights are a pickle is refused): its safetensors weights, ``config.json``, generation config, the code files that
 ``trust_remote_code`` needs (taken from the package when the folder lacks them), the model card (written when
 the folder has none, refreshed when it is one eagle3-hub wrote) and the bench chart. Nothing in the folder is
 deleted or changed except that card.
@@ -51,6 +52,7 @@ def folder_files(folder: Path, patterns: list[str]) -> dict[str, Path]:
     real = folder.resolve()
     files = {}
     for root, dirs, names in os.walk(folder):  # followlinks=False: a linked folder is listed, never entered
+        dirs[:] = [d for d in dirs if not _ignored((Path(root) / d).relative_to(folder), patterns)]
         for name in sorted([*names, *(d for d in dirs if os.path.islink(os.path.join(root, d)))]):
             path = Path(root) / name
             rel = path.relative_to(folder)
