@@ -146,6 +146,20 @@ def _human(n: int | None) -> str:
     return str(n)
 
 
+def check_repo_id(repo_id: str, what: str = "repo id") -> str:
+    """``repo_id`` (``name`` or ``owner/name``) as the Hub accepts it (huggingface_hub's own rule), or a ValueError
+    naming it: a newline or a quote must never reach a card's YAML header or a push."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as e:
+        raise ValueError(f"{what} {repo_id!r} is not a Hub repository id ({str(e).splitlines()[0]}): give `name` or "
+                         "`owner/name`, letters, digits, '-', '_' and '.'.") from None
+    return repo_id
+
+
 def card_is_ours(readme: str | Path) -> bool:
     try:
         return CARD_MARKER in Path(readme).read_text(encoding="utf-8")
@@ -435,6 +449,7 @@ def write_model_card(
     license: str | None = None,
     datasets: list[str] | None = None,
     chart: str | Path | None = None,
+    force: bool = False,
 ) -> Path:
     """Write ``draft_dir/README.md`` and return its path.
 
@@ -447,8 +462,12 @@ def write_model_card(
         bench settings, then an earlier eagle3-hub card.
     repo_id: where the draft will live, for the usage snippets (default: the folder path).
     license: default: the target's license.
+    force: replace a README.md that eagle3-hub did not write (without it, such a file is refused).
     """
     from huggingface_hub import ModelCard, ModelCardData
+
+    if repo_id is not None:
+        check_repo_id(repo_id, "--repo-id")
 
     folder = Path(draft_dir)
     config_path = folder / "config.json"
@@ -456,7 +475,15 @@ def write_model_card(
         raise FileNotFoundError(f"{folder} has no config.json: pass the folder of a saved draft")
     config = _load_json(config_path)
     readme = folder / "README.md"
+    if (readme.exists() or readme.is_symlink()) and not card_is_ours(readme) and not force:
+        raise FileExistsError(f"{readme} was not written by eagle3-hub (it lacks the card's marker): the card never "
+                              "replaces it unless asked. Move it away, or pass --force (force=True) to replace it.")
     previous = ModelCard.load(readme, ignore_metadata_errors=True).data.to_dict() if card_is_ours(readme) else {}
+    if previous.get("eagle3_hub_repo") is not None:
+        try:
+            check_repo_id(str(previous["eagle3_hub_repo"]))
+        except ValueError:  # an edited header: the repository is asked for again, not carried on
+            previous.pop("eagle3_hub_repo")
 
     if training_info is None and (folder / "training_info.json").is_file():
         training_info = folder / "training_info.json"
@@ -524,9 +551,9 @@ def write_model_card(
             "Zhang, Hongyang},\n  journal={arXiv preprint arXiv:2503.01840},\n  year={2025}\n}\n```\n",
         ) if part
     )
-    meta = card_data.to_yaml()
     if repo_id or previous.get("eagle3_hub_repo"):
-        meta += f"\neagle3_hub_repo: {repo}"
+        card_data.eagle3_hub_repo = repo  # serialised by the card's YAML writer, never pasted into the header
+    meta = card_data.to_yaml()
     card = ModelCard(f"---\n{meta}\n---\n\n{body}")
     with atomic_path(readme) as tmp:
         card.save(tmp)

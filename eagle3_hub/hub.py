@@ -1,6 +1,7 @@
 """``eagle3-hub push``: upload a draft folder to the Hugging Face Hub (``HfApi.create_repo`` + one commit).
 
-What goes up: the folder's weights, ``config.json``, generation config, the code files that
+What goes up: the files inside the folder (a link that leaves it is skipped, said in a line; a folder whose only
+weights are a pickle is refused): its safetensors weights, ``config.json``, generation config, the code files that
 ``trust_remote_code`` needs (taken from the package when the folder lacks them), the model card (written when
 the folder has none, refreshed when it is one eagle3-hub wrote) and the bench chart. Nothing in the folder is
 deleted or changed except that card.
@@ -13,14 +14,19 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import logging
+import os
 from pathlib import Path
 
 from .formats import CODE_FILES  # the code files trust_remote_code needs
 from .network import is_network_error
 
+logger = logging.getLogger(__name__)
+
 # files of a training run that do not belong in a published draft
 IGNORE_PATTERNS = [".*", "__pycache__", "*.pyc", "checkpoint-*", "optimizer.pt", "scheduler.pt", "rng_state*.pth",
                    "trainer_state.json", "events.out.tfevents.*", "runs", "*.tmp"]
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
 class HubPushError(RuntimeError):
@@ -35,16 +41,39 @@ def _ignored(rel: Path, patterns: list[str]) -> bool:
     return any(fnmatch.fnmatch(part, pat) for part in rel.parts for pat in patterns)
 
 
+def _inside(path: Path, folder: Path) -> bool:
+    """Whether ``path``, its links followed, lies in ``folder`` (resolved)."""
+    return path.resolve().is_relative_to(folder)
+
+
+def folder_files(folder: Path, patterns: list[str]) -> dict[str, Path]:
+    """``{relative path: file}`` under ``folder``, minus ``patterns``. A link whose target leaves the folder is skipped,
+    with a line saying so (a link to the Hub token file must never be uploaded); links to folders are not followed."""
+    real = folder.resolve()
+    files = {}
+    for root, dirs, names in os.walk(folder):  # followlinks=False: a linked folder is listed, never entered
+        dirs[:] = [d for d in dirs if not _ignored((Path(root) / d).relative_to(folder), patterns)]
+        for name in sorted([*names, *(d for d in dirs if os.path.islink(os.path.join(root, d)))]):
+            path = Path(root) / name
+            rel = path.relative_to(folder)
+            if _ignored(rel, patterns):
+                continue
+            if path.is_symlink() and (not _inside(path, real) or path.is_dir()):
+                logger.warning("Not uploading %s: a link to %s, %s.", path, os.path.realpath(path),
+                               f"outside {folder}" if not _inside(path, real) else "a folder (links to folders are not followed)")
+                continue
+            if path.is_file():
+                files[rel.as_posix()] = path
+    return dict(sorted(files.items()))
+
+
 def files_to_upload(folder: str | Path, ignore_patterns: list[str] | None = None) -> dict[str, Path]:
-    """``{path_in_repo: local file}``: the folder's files minus training leftovers, plus the code files that
-    ``config.json``'s ``auto_map`` needs and ``custom_generate/`` (tree decoding), where the folder lacks them."""
+    """``{path_in_repo: local file}``: the folder's files minus training leftovers and links that leave it, plus the
+    code files that ``config.json``'s ``auto_map`` needs and ``custom_generate/`` (tree decoding), where the folder
+    lacks them."""
     folder = Path(folder)
     patterns = IGNORE_PATTERNS if ignore_patterns is None else ignore_patterns
-    files = {
-        p.relative_to(folder).as_posix(): p
-        for p in sorted(folder.rglob("*"))
-        if p.is_file() and not _ignored(p.relative_to(folder), patterns)
-    }
+    files = folder_files(folder, patterns)
     config = json.loads((folder / "config.json").read_text())
     needed = {ref.split(".")[0] + ".py" for ref in (config.get("auto_map") or {}).values() if isinstance(ref, str)}
     if needed & set(CODE_FILES):
@@ -67,7 +96,13 @@ def check_draft_folder(folder: str | Path) -> Path:
         raise NotADraftFolder(f"{folder} is not a folder. Pass the folder of a saved draft (`draft.save_pretrained(folder)`).")
     if not (folder / "config.json").is_file():
         raise NotADraftFolder(f"{folder} has no config.json: is it a saved draft (`draft.save_pretrained(folder)`)?")
-    if not any(folder.glob("*.safetensors")) and not any(folder.glob("*.bin")):
+    real = folder.resolve()
+    if not any(_inside(p, real) and p.is_file() for p in folder.glob("*.safetensors")):
+        pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
+        if pickles:
+            raise NotADraftFolder(f"{folder} holds its weights only as a pickle ({', '.join(pickles)}): eagle3-hub "
+                                  "publishes safetensors only: load the draft where it was trained and save it with "
+                                  "`draft.save_pretrained(folder)`, which writes model.safetensors.")
         raise NotADraftFolder(f"{folder} has no weights (*.safetensors): save the draft with `draft.save_pretrained(folder)` first.")
     return folder
 
@@ -114,7 +149,10 @@ def push_draft(
     with ``training_info`` (``eagle3_hub.publish.push`` reads the folder's training metrics into it)."""
     from huggingface_hub import CommitOperationAdd, HfApi, constants, get_token
 
+    from .card import check_repo_id
+
     folder = check_draft_folder(folder)
+    check_repo_id(repo_id)
     endpoint = endpoint or constants.ENDPOINT
     token = token or get_token()
     if not token:

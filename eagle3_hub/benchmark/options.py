@@ -67,6 +67,15 @@ def tree_grid(trees: str | None = None, **lists) -> list[dict]:
     else:
         values = [number_list(lists.get(k), TREE_KEY_TYPES[k]) for k in TREE_KEYS]
         grid = [{k: v for k, v in zip(TREE_KEYS, combo) if v is not None} for combo in itertools.product(*values)]
+    from ..generation.tree.config import check_setting
+
+    for setting in grid:  # a value outside its range is refused, never dropped with the shapes below
+        for key, value in setting.items():
+            if key == "adaptive":
+                if value not in (0, 1):
+                    raise ValueError(f"adaptive takes 1 (on) or 0 (off), got {value!r}")
+                continue
+            check_setting(key, value)
     # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
     fits = [g for g in grid if not {"depth", "tree_top_k", "total_tokens"} <= g.keys()
             or g["total_tokens"] <= g["tree_top_k"] + (g["depth"] - 1) * g["tree_top_k"] ** 2]

@@ -84,7 +84,19 @@ def add_arguments(parser: argparse.ArgumentParser):
 
 
 def tree_grid_from_args(args) -> list[dict]:
-    """The tree settings to run: ``--trees`` as listed, else every combination of the per-key lists."""
+    """The tree settings to run: ``--trees`` as listed, else every combination of the per-key lists (a value out of
+    its range refused, naming its flag)."""
+    from ..benchmark.options import TREE_KEY_TYPES
+    from ..generation.tree.config import check_setting
+
+    for flag, key in TREE_FLAGS.items():
+        if getattr(args, "trees", None) is None:
+            for value in number_list(getattr(args, flag, None), TREE_KEY_TYPES[key]):
+                if value is not None:
+                    try:
+                        check_setting(key, value)
+                    except ValueError as e:
+                        raise ValueError(f"--{flag.replace('_', '-')} {getattr(args, flag)}: {e}") from None
     return tree_grid(getattr(args, "trees", None),
                      **{key: getattr(args, flag, None) for flag, key in TREE_FLAGS.items()})
 
@@ -92,6 +104,9 @@ def tree_grid_from_args(args) -> list[dict]:
 def methods_from_args(args) -> list[str]:
     """``--methods`` plus what the other flags imply (``--assistant-model``, ``--trees``, ``--sweep``)."""
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise ValueError(f"--methods: give at least one method, comma-separated from {', '.join(METHOD_NAMES)}, "
+                         f"got {args.methods!r}")
     unknown = [m for m in methods if m not in METHOD_NAMES]
     if unknown:
         raise ValueError(f"--methods: unknown method(s) {', '.join(map(repr, unknown))}: choose from {', '.join(METHOD_NAMES)}")
@@ -127,6 +142,10 @@ def parse_temperatures(text: str) -> list[float]:
 
 def _check_numbers(args):
     for flag in ("max_new_tokens", "num_questions", "max_turns"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")
+    for flag in ("lookup_tokens", "assistant_tokens"):  # tokens proposed per step: a step proposes at least one
         value = getattr(args, flag)
         if value is not None and value < 1:
             raise ValueError(f"--{flag.replace('_', '-')} must be at least 1, got {value}")

@@ -13,6 +13,8 @@ def add_arguments(parser):
     parser.add_argument("--repo-id", default=None, help="the Hub repository the draft goes to (for the usage snippets)")
     parser.add_argument("--license", default=None, help="default: the target's license")
     parser.add_argument("--dataset", action="append", default=None, help="training dataset Hub id (repeatable)")
+    parser.add_argument("--force", action="store_true",
+                        help="replace a README.md that eagle3-hub did not write (without it, such a file is refused)")
 
 
 def run(args) -> int:
@@ -20,7 +22,7 @@ def run(args) -> int:
 
     path = write_card(
         args.draft, args.training_info, bench_json=args.bench, base_model=args.base_model,
-        repo_id=args.repo_id, license=args.license, datasets=args.dataset,
+        repo_id=args.repo_id, license=args.license, datasets=args.dataset, force=args.force,
     )
     print(f"Wrote {path}")
     return 0

@@ -20,10 +20,12 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
+    from ..card import check_repo_id
     from ..hub import HubPushError, check_draft_folder
     from ..publish import push
 
     check_draft_folder(args.draft)  # not a saved draft: a ValueError, one line and exit 2 from the CLI
+    check_repo_id(args.repo_id)
     try:
         url = push(args.draft, args.repo_id, private=args.private, token=args.token,
                          commit_message=args.message, update_card=not args.no_card)

@@ -3,6 +3,7 @@ ours or an engine's layout."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
@@ -35,9 +36,23 @@ def check_destination(src, folder: Path, dst, force: bool) -> None:
         if dst == source or dst in source.parents:
             raise ValueError(f"{dst} {'is' if dst == source else 'holds'} the draft being converted ({source}): writing "
                              "there would delete it. Give another destination folder.")
-    if force and dst.is_dir() and (dst.name in VCS_DIRS or any((dst / v).exists() for v in VCS_DIRS)):
-        raise ValueError(f"{dst} holds a version-control folder: --force never replaces one. Give another destination "
-                         "folder.")
+    if force and dst.is_dir():
+        found = _vcs_inside(dst)
+        if found is not None:
+            raise ValueError(f"{dst} holds a version-control folder ({found}): --force never replaces one. Give "
+                             "another destination folder.")
+
+
+def _vcs_inside(folder: Path) -> Path | None:
+    """The first ``.git`` / ``.hg`` / ``.svn`` (folder, or a worktree's ``.git`` file) at any depth of ``folder``, or
+    ``folder`` itself when it is one: what ``--force`` would delete with the rest."""
+    if folder.name in VCS_DIRS:
+        return folder
+    for root, dirs, files in os.walk(folder):  # links are not followed: the output's removal does not follow them
+        for name in (*dirs, *files):
+            if name in VCS_DIRS:
+                return Path(root) / name
+    return None
 
 
 def convert(

@@ -244,6 +244,31 @@ def _batch_seed(seed: int, setting: int, first: int) -> int:
     return int(hashlib.sha1(f"{seed}:{setting}:{first}".encode()).hexdigest()[:8], 16)
 
 
+def read_cache(path: Path, keys: tuple[str, ...]) -> list[dict]:
+    """The records of a jsonl cache that hold ``keys``. A last line cut by a kill (no newline at its end) is cut off
+    the file, said in a line, so the next record appended starts a line of its own; its sample is written again."""
+    if not path.exists():
+        return []
+    data = path.read_bytes()
+    whole = data.rfind(b"\n") + 1
+    if whole < len(data):
+        print(f"[data] {path}: its last line was cut (a run killed while writing it): removed; that sample is written "
+              "again.")
+        with open(path, "r+b") as f:
+            f.truncate(whole)
+    records = []
+    for n, line in enumerate(data[:whole].decode("utf-8", errors="replace").splitlines(), 1):
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            rec = None
+        if isinstance(rec, dict) and all(k in rec for k in keys):
+            records.append(rec)
+        elif line.strip():
+            print(f"[data] {path}: line {n} is not a record of this cache: skipped; that sample is written again.")
+    return records
+
+
 def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_tokens: int = 384,
                temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1, draft=None,
                report: dict | None = None, settings: list[AnswerSetting] | None = None, seed: int = 0) -> Dataset:
@@ -264,15 +289,7 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
     """
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
-    done: dict[int, list] = {}
-    if cache_path.exists():
-        with open(cache_path) as f:
-            for line in f:
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by a kill: redo that sample
-                    continue
-                done[rec["i"]] = rec["messages"]
+    done: dict[int, list] = {rec["i"]: rec["messages"] for rec in read_cache(cache_path, ("i", "messages"))}
     settings = list(settings or [AnswerSetting(temperature, 0.95 if temperature > 0 else 1.0)])
     which = {i: assign_setting(settings, prompt_key(ds[i]["messages"]), seed) if len(settings) > 1 else 0
              for i in range(len(ds)) if i not in done}
@@ -332,13 +349,7 @@ def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Pa
     prefix = user_prefix(tokenizer)
     cache_path = Path(cache_path)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
-    prompts = []
-    if cache_path.exists():
-        for line in open(cache_path):
-            try:
-                prompts.append(json.loads(line)["prompt"])
-            except json.JSONDecodeError:
-                continue
+    prompts = [rec["prompt"] for rec in read_cache(cache_path, ("prompt",))]
     speed = decoder_speed(draft)
     bar = tqdm(total=num_prompts, initial=min(len(prompts), num_prompts), desc="synthesise prompts", unit="prompt")
     torch.manual_seed(seed + len(prompts))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 import os
 from pathlib import Path
 
@@ -22,6 +23,8 @@ except ModuleNotFoundError as e:
     raise missing_extra("train", e) from None
 
 from .presets import PRESETS
+
+logger = logging.getLogger(__name__)
 
 _ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
              "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
@@ -145,10 +148,28 @@ def text_samples(documents, opening_chars: int = TEXT_OPENING_CHARS, max_chars: 
     return out
 
 
+BINARY_SHARE = 0.01  # a text file with more undecodable bytes than this (or a NUL byte) is refused as binary
+
+
+def _text_file(path: str) -> str:
+    """One document: the file as UTF-8. A binary file would train on replacement characters: refused, naming it; a
+    few stray bytes are replaced, said in a warning."""
+    data = Path(path).read_bytes()
+    text = data.decode("utf-8", errors="replace")
+    bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
+    if b"\0" in data or bad > BINARY_SHARE * max(len(text), 1):
+        why = "it holds NUL bytes" if b"\0" in data else f"{bad} of its characters do not decode"
+        raise DataError(f"{path} is not UTF-8 text ({why}: a binary file?): a `kind: text` source reads its "
+                        ".txt/.md files as documents. Remove it, or convert it to UTF-8 text.")
+    if bad:
+        logger.warning("%s: %d bytes are not UTF-8, read as replacement characters.", path, bad)
+    return text
+
+
 def _documents(path: str, files: list[str], records: Dataset | None, field: str, suffixes: tuple) -> list[str]:
     """The documents of a ``kind: text`` source: each text file (one of ``suffixes``) whole, then each record's
     ``field``."""
-    docs = [Path(f).read_text(encoding="utf-8", errors="replace") for f in files if f.endswith(suffixes)]
+    docs = [_text_file(f) for f in files if f.endswith(suffixes)]
     if records is not None:
         if field not in records.column_names:
             raise DataError(f"{path}: a `kind: text` source reads each record's `{field}` field, but its fields are "

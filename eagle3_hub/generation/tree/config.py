@@ -50,6 +50,21 @@ def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None, 
     return shape
 
 
+def check_setting(name: str, value) -> None:
+    """The range of one tree setting, alone (how settings combine is ``TreeConfig._check``'s): a ValueError naming
+    it. ``eagle3-hub bench`` checks its lists with it before running."""
+    if name in ("depth", "tree_top_k", "total_tokens"):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    elif name == "lookup_tokens":
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ValueError(f"lookup_tokens must be a non-negative integer (0: no lookup branch), got {value!r}")
+    elif name in ("min_node_prob", "grow_min_prob"):
+        zero = "always total_tokens nodes" if name == "min_node_prob" else "always `depth` levels"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"{name} must be a probability in [0, 1) (0: {zero}), got {value!r}")
+
+
 @dataclass(frozen=True)
 class TreeConfig:
     """The tree's shape; ``None`` = the default for the target's device and dtype (``tree_defaults``).
@@ -111,19 +126,10 @@ class TreeConfig:
                        draft_graph=bool(c.draft_graph), adaptive=bool(c.adaptive))
 
     def _check(self, draft_vocab: int, do_sample: bool):
-        for name in ("depth", "tree_top_k", "total_tokens"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        for name in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob"):
+            check_setting(name, getattr(self, name))
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True, False or None (None: on unless a shape is given), got {self.adaptive!r}")
-        n = self.lookup_tokens
-        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError(f"lookup_tokens must be a non-negative integer (0: no lookup branch), got {n!r}")
-        for name, zero in (("min_node_prob", "always total_tokens nodes"), ("grow_min_prob", "always `depth` levels")):
-            p = getattr(self, name)
-            if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0 <= p < 1:
-                raise ValueError(f"{name} must be a probability in [0, 1) (0: {zero}), got {p!r}")
         k, depth = self.tree_top_k, self.depth
         if k > draft_vocab:
             raise ValueError(f"tree_top_k={k} exceeds the draft vocabulary ({draft_vocab} tokens)")

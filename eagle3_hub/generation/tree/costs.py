@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import os
 import platform
 import tempfile
@@ -33,8 +35,8 @@ from .outputs import PhaseClock, TreeDecodingStats
 from .paused_hooks import PausedFeatureHooks
 from .verification import Tree, Verifier
 
-COSTS_FORMAT = 3  # bump when what is measured changes (2: packed projections, 3: two contexts): older files are
-# measured again
+COSTS_FORMAT = 4  # bump when what is measured changes (2: packed projections, 3: two contexts, 4: the dtype
+# recorded and every file checked on read): older files are measured again
 CONTEXT_TOKENS = 64  # context of the measured forwards (a short prompt)
 LONG_CONTEXT_TOKENS = 512  # context of the second measurement (a prompt and an answer)
 SLOW_FORWARD_S = 0.25  # past a forward this slow, larger slot counts are extrapolated, not measured
@@ -43,6 +45,8 @@ MAX_MEASURED_ROWS = 64  # larger batches: extrapolated
 ACCEPTED_READ = 4  # accepted tokens the draft reads per step in the measurement
 
 _memo: dict[str, StepCosts] = {}
+_unwritable: set[Path] = set()  # cache folders already warned about in this process
+logger = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:
@@ -80,6 +84,7 @@ class StepCosts:
     key: str
     top_k: int
     device: str
+    dtype: str = ""  # the target's, as measured (``str(torch.dtype)``)
     verify: dict[int, dict[int, float]] = field(default_factory=dict)
     draft_read: dict[int, float] = field(default_factory=dict)
     draft_level: dict[int, float] = field(default_factory=dict)
@@ -144,8 +149,17 @@ class StepCosts:
             lines += ["", self.longer.table()]
         return "\n".join(lines)
 
+    def zero_times(self) -> str | None:
+        """What of a measured table took no time, which no forward does (a zero verification would make the deepest
+        tree free, every step); None when nothing. The draft's per-level time may be 0: measured within noise."""
+        for name, table in (("verify", {(r, s): t for r, by in self.verify.items() for s, t in by.items()}),
+                            ("draft_read", self.draft_read)):
+            if any(t <= 0 for t in table.values()):
+                return f"has a {name} time of 0 seconds"
+        return None if self.longer is None else self.longer.zero_times()
+
     def to_json(self) -> dict:
-        return {"format": COSTS_FORMAT, "key": self.key, "top_k": self.top_k, "device": self.device,
+        return {"format": COSTS_FORMAT, "key": self.key, "top_k": self.top_k, "device": self.device, "dtype": self.dtype,
                 "verify": {str(r): {str(s): t for s, t in by.items()} for r, by in self.verify.items()},
                 "draft_read": {str(r): t for r, t in self.draft_read.items()},
                 "draft_level": {str(r): t for r, t in self.draft_level.items()},
@@ -153,13 +167,50 @@ class StepCosts:
                 "longer": None if self.longer is None else self.longer.to_json()}
 
     @classmethod
-    def from_json(cls, data: dict) -> StepCosts:
-        return cls(key=data["key"], top_k=int(data["top_k"]), device=data["device"],
-                   verify={int(r): {int(s): float(t) for s, t in by.items()} for r, by in data["verify"].items()},
-                   draft_read={int(r): float(t) for r, t in data["draft_read"].items()},
-                   draft_level={int(r): float(t) for r, t in data["draft_level"].items()},
-                   slow_rows={int(r) for r in data.get("slow_rows", [])}, context=int(data["context"]),
-                   longer=None if data.get("longer") is None else cls.from_json(data["longer"]))
+    def from_json(cls, data, context: int = CONTEXT_TOKENS) -> StepCosts:
+        """The table ``to_json`` wrote, checked: a ValueError says what is wrong with it (a cache file edited, cut,
+        or written by something else), so it is measured again rather than steering every step."""
+        if not isinstance(data, dict):
+            raise ValueError(f"a JSON {type(data).__name__}, not an object")
+        for name, kind in (("key", str), ("device", str), ("dtype", str), ("top_k", int), ("context", int)):
+            if not isinstance(data.get(name), kind) or isinstance(data.get(name), bool):
+                raise ValueError(f"{name!r} is {data.get(name)!r}, not a {kind.__name__}")
+        if data["context"] != context:
+            raise ValueError(f"a table after {data['context']} tokens where one after {context} belongs")
+        rows = _rows_of(data.get("verify"), "verify", lambda by: _times_of(by, "verify"))
+        if not rows or any(not by for by in rows.values()):
+            raise ValueError("'verify' holds no timings")
+        slow = data.get("slow_rows", [])
+        if not isinstance(slow, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in slow):
+            raise ValueError(f"'slow_rows' is {slow!r}, not a list of row counts")
+        longer = data.get("longer")
+        return cls(key=data["key"], top_k=data["top_k"], device=data["device"], dtype=data["dtype"], verify=rows,
+                   draft_read=_times_of(data.get("draft_read"), "draft_read"),
+                   draft_level=_times_of(data.get("draft_level"), "draft_level"),
+                   slow_rows=set(slow), context=data["context"],
+                   longer=None if longer is None else cls.from_json(longer, LONG_CONTEXT_TOKENS))
+
+
+def _rows_of(value, name: str, each) -> dict:
+    """``{count: each(value)}`` from a JSON object whose keys are counts (rows or slots) from 1."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{name!r} is a JSON {type(value).__name__}, not an object of counts")
+    out = {}
+    for k, v in value.items():
+        if not (k.isdigit() and int(k) >= 1):
+            raise ValueError(f"{name!r} has the key {k!r}, not a count")
+        out[int(k)] = each(v)
+    return out
+
+
+def _times_of(value, name: str) -> dict[int, float]:
+    """``{count: seconds}``, every time a finite number, at least 0."""
+    def time_of(t):
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
+            raise ValueError(f"{name!r} holds {t!r}, not a finite time in seconds")
+        return float(t)
+
+    return _rows_of(value, name, time_of)
 
 
 def monotone(verify: dict[int, dict[int, float]]):
@@ -220,22 +271,18 @@ def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: 
     times contradict, see ``TreeController.stale``)."""
     key = cost_key(target, draft, config.tree_top_k, config.draft_graph)
     path = cost_file(key)
+    weight = target.get_input_embeddings().weight
+    device, dtype = device_name(weight.device), str(weight.dtype)
     cached = cache and not refresh
     found = _memo.get(key) if cached else None
-    if cached and found is None and path.is_file():
-        try:
-            data = json.loads(path.read_text())
-            if data.get("format") == COSTS_FORMAT and data.get("key") == key:
-                found = StepCosts.from_json(data)
-        except (OSError, ValueError, KeyError, TypeError):
-            found = None  # unreadable: measured again and replaced
+    if cached and found is None:
+        found = _read(path, key, config.tree_top_k, device, dtype)
     if found is not None and found.covers(rows, slots):
         _memo[key] = found
         return found
-    weight = target.get_input_embeddings().weight
-    costs = found or StepCosts(key=key, top_k=config.tree_top_k, device=device_name(weight.device), fresh=True)
+    costs = found or StepCosts(key=key, top_k=config.tree_top_k, device=device, dtype=dtype, fresh=True)
     if costs.longer is None:
-        costs.longer = StepCosts(key=key, top_k=costs.top_k, device=costs.device, context=LONG_CONTEXT_TOKENS)
+        costs.longer = StepCosts(key=key, top_k=costs.top_k, device=device, dtype=dtype, context=LONG_CONTEXT_TOKENS)
     for table in (costs, costs.longer):
         measure(table, target, draft, config, rows, slots)
     if cache:
@@ -257,15 +304,57 @@ def profile(target, draft, rows: int = 1, do_sample: bool = False) -> StepCosts:
         return step_costs(target, draft, config, rows, config.total_tokens + config.lookup_tokens + 1)
 
 
+def _where() -> str:
+    return f"the cache folder is $EAGLE3_HUB_CACHE, else $XDG_CACHE_HOME/eagle3_hub; now {cache_root()}"
+
+
+def _read(path: Path, key: str, top_k: int, device: str, dtype: str) -> StepCosts | None:
+    """The table cached at ``path``, or None: missing, or (said in one line) unreadable, of the wrong shape, or
+    measured on another device, dtype or tree width; such a table is measured again and replaced."""
+    try:
+        data = json.loads(path.read_text())
+    except (FileNotFoundError, NotADirectoryError):
+        return None  # nothing cached (a cache folder that cannot be made is said when the table is saved)
+    except (OSError, ValueError) as e:
+        return _measure_again(path, f"cannot be read ({type(e).__name__}: {e})")
+    try:
+        if not isinstance(data, dict) or data.get("format") != COSTS_FORMAT:
+            raise ValueError(f"not a cost table of format {COSTS_FORMAT}")
+        table = StepCosts.from_json(data)
+    except ValueError as e:
+        return _measure_again(path, str(e))
+    if table.zero_times() is not None:
+        return _measure_again(path, table.zero_times())
+    for name, want in (("key", key), ("top_k", top_k), ("device", device), ("dtype", dtype)):
+        for part in (table, table.longer):
+            if part is not None and getattr(part, name) != want:
+                return _measure_again(path, f"was measured for {name} {getattr(part, name)!r}, not this run's {want!r}")
+    return table
+
+
+def _measure_again(path: Path, why: str) -> None:
+    logger.warning("The tree's cost table %s %s: measuring it again and replacing it (%s).", path, why, _where())
+    return None
+
+
 def _save(costs: StepCosts, path: Path):
-    """Atomically; a cache that cannot be written is not an error (the table stays in memory)."""
+    """Atomically. A cache that cannot be written is not an error: the table stays in memory for this process
+    (measured again by the next one), said once per folder."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, suffix=".tmp", delete=False) as f:
-            json.dump(costs.to_json(), f, indent=1)
+            try:
+                json.dump(costs.to_json(), f, indent=1)
+            except BaseException:
+                os.unlink(f.name)
+                raise
         os.replace(f.name, path)
-    except OSError:
-        pass
+    except OSError as e:
+        if path.parent not in _unwritable:
+            _unwritable.add(path.parent)
+            logger.warning("Cannot write the tree's cost table to %s (%s: %s): it is kept in memory for this "
+                           "process and measured again by the next one; point EAGLE3_HUB_CACHE at a folder you can "
+                           "write (%s).", path, type(e).__name__, e.strerror or e, _where())
 
 
 def _timed(fn, device: torch.device, repeats: int = 3) -> float:
