@@ -28,6 +28,7 @@ except ModuleNotFoundError as e:
     raise missing_extra("train", e) from None
 
 from ..atomic import atomic_path, atomic_write_json
+from .batching import pack_like, unpack_batch
 from .ttt import TargetScores, draft_token_ids, target_logit_positions
 
 
@@ -281,6 +282,9 @@ class TrainingFeatures:
             self.offline.build(datasets, pad_id)
 
     def __call__(self, batch, draft):
+        if "document_ids" in batch:  # packed: the target sees each sample alone, its features are laid out as packed
+            aux, scores = self(unpack_batch(batch), draft)
+            return pack_like(aux, batch), TargetScores(*(pack_like(x, batch) for x in (scores.draft, scores.argmax, scores.lse)))
         # the loss reads the target's logits over the draft vocabulary, and of the rest only argmax and log-sum-exp
         at = target_logit_positions(batch["loss_mask"].bool() & batch["attention_mask"].bool())
         ids = draft_token_ids(draft)

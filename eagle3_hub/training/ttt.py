@@ -7,6 +7,10 @@ step-0 keys of positions <= t (causal) and to the keys of steps 1..k at position
 step compares the draft's distribution with the target's next-token distribution over the draft vocabulary (soft
 cross-entropy by default, or the acceptance-rate losses of ``losses.py``), weighted 0.8^k; positions whose target
 argmax lies outside the draft vocabulary are masked.
+
+A packed row (``document_ids``, ``position_ids``: several samples concatenated) is trained as its samples would be
+alone: attention stays within a sample, position ids restart at each, and step k at position t is scored only
+where token t+2+k belongs to the same sample as t.
 """
 
 from __future__ import annotations
@@ -53,6 +57,14 @@ def causal_mask(seq_len: int, dtype: torch.dtype, device) -> torch.Tensor:
     """(1, 1, s, s) additive causal mask."""
     mask = torch.full((seq_len, seq_len), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
     return mask[None, None]
+
+
+def document_mask(document_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(b, 1, s, s) additive mask: causal, and within the document of each position (``document_ids`` (b, s))."""
+    s = document_ids.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=document_ids.device).tril()
+    allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & causal
+    return torch.zeros(allowed.shape, dtype=dtype, device=document_ids.device).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
 
 
 def draft_core(draft):
@@ -102,6 +114,8 @@ def ttt_loss(
     loss: str | dict = "kl",  # train.loss: a name of losses.LOSSES or {name: weight}
     lk_eta: float = 3.0,  # lk_hybrid's eta
     temperatures: tuple[float, ...] = (),  # also measure chain acceptance with both sampled at these (evaluation)
+    position_ids: torch.LongTensor | None = None,  # (b, s) of a packed batch: restarting at each document
+    document_ids: torch.LongTensor | None = None,  # (b, s) of a packed batch: the document of each position
 ) -> TTTOutput:
     loss_weights = parse_loss(loss)
     b, s = input_ids.shape
@@ -129,8 +143,11 @@ def ttt_loss(
         draft_mass = torch.ones(b, s, device=device)
         draft_mass[rows] = (lse_draft[rows] - scores.lse[rows]).exp()
 
-    mask = causal_mask(s, torch.float32, device)
-    positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
+    if document_ids is None:
+        mask = causal_mask(s, torch.float32, device)
+        positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
+    else:
+        mask, positions = document_mask(document_ids, torch.float32), position_ids
     ttt_cache: list = []
     hidden = None
     losses, correct, counts, trained, chain_correct, alphas, chain_alphas = [], [], [], [], [], [], []
@@ -140,6 +157,8 @@ def ttt_loss(
     for k in range(ttt_steps):
         ids_k = _shift(input_ids, 1 + k)  # token t+1+k
         scored = _shift(loss_mask, 2 + k, False)  # (b, s) positions the metrics count
+        if document_ids is not None:  # ...whose token t+2+k is of the same document
+            scored = scored & (_shift(document_ids, 2 + k, -1) == document_ids)
         valid = scored & _shift(in_vocab, 1 + k, False)  # (b, s) ...and the loss trains: the target's token is reachable
         p_k = _shift(target_p, 1 + k)[valid]  # (n, Vd) target distribution of token t+2+k
         mass_k = _shift(draft_mass, 1 + k, 1.0)[valid]  # (n,)
@@ -197,7 +216,8 @@ def objective(draft, aux, batch, logits, t: dict, temperatures: tuple[float, ...
     """The TTT loss of a collated batch with the recipe's ``train`` settings ``t``."""
     return ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
                     ttt_steps=t["ttt_steps"], step_weight=t["step_weight"], loss=t["loss"], lk_eta=t["lk_eta"],
-                    temperatures=temperatures)
+                    temperatures=temperatures, position_ids=batch.get("position_ids"),
+                    document_ids=batch.get("document_ids"))
 
 
 def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, step_alpha=None, chain_alpha=None,

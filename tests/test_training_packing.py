@@ -1,0 +1,86 @@
+"""Packed training batches (train.packing): several samples a row, each trained as if it were alone."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+from tiny_models import make_tiny_target
+from training_helpers import recipe_for
+
+from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
+from eagle3_hub.training.batching import PackedBatches, collate, collate_packed, pack_rows
+from eagle3_hub.training.features import TrainingFeatures
+from eagle3_hub.training.train import train
+from eagle3_hub.training.ttt import objective
+
+T = {"ttt_steps": 4, "step_weight": 0.8, "loss": {"kl": 0.5, "lk_log": 0.5}, "lk_eta": 3.0}
+
+
+def samples(lengths, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i, n in enumerate(lengths):
+        mask = (torch.rand(n, generator=g) > 0.3).long()
+        mask[:2] = 0  # a prompt, then the answer's tokens
+        out.append({"input_ids": torch.randint(3, 256, (n,), generator=g).tolist(), "loss_mask": mask.tolist(), "index": i})
+    return out
+
+
+def loss_and_grads(draft, features, batch):
+    draft.zero_grad()
+    aux, scores = features(batch, draft)
+    out = objective(draft, aux, batch, scores, T)
+    out.loss.backward()
+    grads = {n: p.grad.clone() for n, p in draft.named_parameters() if p.grad is not None}
+    return out, grads
+
+
+def test_a_packed_batch_has_the_losses_metrics_and_gradients_of_its_samples_unpacked():
+    target = make_tiny_target("llama")
+    torch.manual_seed(0)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=192).float()
+    draft.set_vocab_mapping(torch.randperm(256)[:192].sort().values)
+    with torch.no_grad():  # far from init: attention that would notice another sample's keys
+        for name, p in draft.named_parameters():
+            if name != "embed_tokens.weight" and p.dim() == 2:
+                p.normal_(0, 0.3)
+    features = TrainingFeatures({"features": {"mode": "online"}}, target, [0, 1, 3], [], 0, None)
+    batch = samples([9, 14, 6, 11, 7, 5])
+    packed = collate_packed(batch, pad_id=0, capacity=20)
+    assert packed["input_ids"].shape[0] < len(batch) and packed["document_ids"].max() >= 2  # really packed
+    want, want_grads = loss_and_grads(draft, features, collate(batch, pad_id=0))
+    got, got_grads = loss_and_grads(draft, features, packed)
+    for name in ("step_count", "step_trained", "step_correct", "chain_correct", "chain_count"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    assert want.step_trained[-1] > 0
+    for name in ("loss", "step_losses", "step_alpha", "chain_alpha"):
+        torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6, msg=name)
+    assert got_grads.keys() == want_grads.keys()
+    for name, g in want_grads.items():
+        torch.testing.assert_close(got_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_packed_rows_hold_at_most_the_budget_and_every_sample_once():
+    lengths = [int(n) for n in torch.randint(4, 60, (300,), generator=torch.Generator().manual_seed(1))]
+    rows = pack_rows(lengths, 100)
+    assert sorted(i for row in rows for i in row) == list(range(300))
+    assert all(sum(lengths[i] for i in row) <= 100 for row in rows)
+    assert sum(lengths) / (100 * len(rows)) > 0.95  # first-fit decreasing leaves little room
+    g = torch.Generator().manual_seed(3)
+    sampler = PackedBatches(lengths, 4, 100, g)
+    first = list(sampler)
+    assert sorted(i for b in first for i in b) == list(range(300))
+    g.manual_seed(3)
+    assert list(sampler) == first  # a function of the seed: a resumed run replays the same batches
+    assert len(sampler) == len(first)
+
+
+def test_a_packed_run_trains_and_reports_its_tokens_per_second(tmp_path, tiny_target_dir, data_dir):
+    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
+                        train={"packing": True, "pack_tokens": 160, "batch_size": 2})
+    out = train(recipe)
+    m = json.loads((out / "training_metrics.json").read_text())
+    tp = m["throughput"]
+    assert tp["tokens"] > 0 and tp["tokens_per_s"] > 0 and 0 < tp["peak_share"] < 1
+    assert m["acceptance"]["expected_acceptance_length"] >= 1
