@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import torch
+from accelerate import Accelerator
+from datasets import Dataset
 from tiny_models import make_tiny_target
 from training_helpers import recipe_for
 
@@ -36,7 +39,10 @@ def loss_and_grads(draft, features, batch):
     return out, grads
 
 
-def test_a_packed_batch_has_the_losses_metrics_and_gradients_of_its_samples_unpacked():
+@pytest.mark.parametrize("mode", ["online", "offline"])
+def test_a_packed_batch_has_the_losses_metrics_and_gradients_of_its_samples_unpacked(mode, tmp_path):
+    """Online, the target runs on the packed rows (attention kept within each sample by their position ids);
+    offline, the cached features of each sample are laid out in its row."""
     target = make_tiny_target("llama")
     torch.manual_seed(0)
     draft = Eagle3DraftModel.from_target(target, draft_vocab_size=192).float()
@@ -45,8 +51,10 @@ def test_a_packed_batch_has_the_losses_metrics_and_gradients_of_its_samples_unpa
         for name, p in draft.named_parameters():
             if name != "embed_tokens.weight" and p.dim() == 2:
                 p.normal_(0, 0.3)
-    features = TrainingFeatures({"features": {"mode": "online"}}, target, [0, 1, 3], [], 0, None)
     batch = samples([9, 14, 6, 11, 7, 5])
+    recipe = {"features": {"mode": mode, "cache_dir": str(tmp_path / "features"), "reuse_from": []},
+              "work_dir": str(tmp_path), "train": {"batch_size": 4}}
+    features = TrainingFeatures(recipe, target, [0, 1, 3], [Dataset.from_list(batch)], 0, Accelerator(cpu=True))
     packed = collate_packed(batch, pad_id=0, capacity=20)
     assert packed["input_ids"].shape[0] < len(batch) and packed["document_ids"].max() >= 2  # really packed
     want, want_grads = loss_and_grads(draft, features, collate(batch, pad_id=0))
