@@ -1,7 +1,7 @@
 """Training throughput: real (non-padding) tokens a second, and the share of the machine's matmul peak that the
 model FLOPs of those tokens make.
 
-The peak is measured once per device, dtype, thread count and torch version (a few seconds of square matmuls) and
+The peak is measured once per device, dtype, thread count and torch version (two seconds of square matmuls) and
 cached in ``<cache>/measurements/matmul_peak.json``. Model FLOPs count the linear layers only (attention's own
 products and the optimizer left out): a training token costs ``6 x`` the draft's parameters (its embedding aside)
 per TTT step, plus the target's ``2 x`` its parameters (its embedding aside) online, or its output head alone from
@@ -31,15 +31,16 @@ def device_name(device: torch.device) -> str:
     return model or platform.processor() or platform.machine()
 
 
-def _timed_matmuls(device: torch.device, dtype: torch.dtype, n: int, seconds: float) -> float:
-    """The best FLOP/s of three rounds of ``n x n`` products, each round ``seconds`` long."""
+def _timed_matmuls(device: torch.device, dtype: torch.dtype, n: int, seconds: float, rounds: int) -> float:
+    """The best FLOP/s of ``rounds`` rounds of ``n x n`` products, each round ``seconds`` long (the best: other work
+    on a shared machine only slows a round down)."""
     a = torch.randn(n, n, device=device).to(dtype)
     b = torch.randn(n, n, device=device).to(dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     a @ b  # warm-up: thread pool, kernels
     sync()
     best = 0.0
-    for _ in range(3):
+    for _ in range(rounds):
         count, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:
             a @ b
@@ -63,7 +64,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32) -> dic
         if all(entry.get(k) == v for k, v in key.items()):
             return entry
     n = 8192 if device.type == "cuda" else 1024
-    entry = {**key, "flops": _timed_matmuls(device, dtype, n, 0.5 if device.type == "cuda" else 1.0), "matmul": n}
+    entry = {**key, "flops": _timed_matmuls(device, dtype, n, 0.2, 3 if device.type == "cuda" else 10), "matmul": n}
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, known + [entry])
     return entry
