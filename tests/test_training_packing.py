@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 import torch
 from accelerate import Accelerator
 from datasets import Dataset
+from safetensors.torch import load_file
 from tiny_models import make_tiny_target
 from training_helpers import recipe_for
 
 from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
 from eagle3_hub.training.batching import PackedBatches, collate, collate_packed, pack_rows
+from eagle3_hub.training.checkpoints import FINISHED
 from eagle3_hub.training.features import TrainingFeatures
 from eagle3_hub.training.train import train
 from eagle3_hub.training.ttt import objective
@@ -93,3 +97,30 @@ def test_a_packed_run_trains_and_reports_its_tokens_per_second(tmp_path, tiny_ta
     tp = m["throughput"]
     assert tp["tokens"] > 0 and tp["tokens_per_s"] > 0 and 0 < tp["peak_share"] < 1
     assert m["acceptance"]["expected_acceptance_length"] >= 1
+
+
+def test_a_packed_run_resumed_from_a_checkpoint_ends_where_the_uninterrupted_run_ends(tmp_path, tiny_target_dir, data_dir,
+                                                                                     monkeypatch):
+    """Packed epochs of a few batches: the resumed run rebuilds the epoch's packing from the seed, skips its first
+    batches, and crosses into the next epoch as the uninterrupted run did."""
+    monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "cache"))
+    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
+                        train={"packing": True, "pack_tokens": 400, "batch_size": 2, "max_steps": 9,
+                               "save_every": 4, "eval_every": 100, "keep_checkpoints": 5})
+    out = train(recipe)
+    ckpts = Path(recipe["work_dir"]) / "checkpoints"
+    want = load_file(ckpts / "step-9" / "model.safetensors")
+    state = json.loads((ckpts / "step-4" / "trainer_state.json").read_text())
+    assert len(list(ckpts.glob("step-*"))) == 3
+    first = json.loads((out / "training_metrics.json").read_text())
+    for step in ("step-8", "step-9"):  # back to step 4, as after a kill
+        shutil.rmtree(ckpts / step)
+    shutil.rmtree(out)
+    (Path(recipe["work_dir"]) / FINISHED).unlink()
+    train(recipe, resume=True)
+    got = load_file(ckpts / "step-9" / "model.safetensors")
+    assert all(torch.equal(got[k], want[k]) for k in want)
+    again = json.loads((out / "training_metrics.json").read_text())
+    assert again["eval_history"] == first["eval_history"]
+    # step 4 was in the middle of an epoch (the resumed run skipped its first batches) and 9 in a later one
+    assert state["batches_in_epoch"] > 0 and json.loads((ckpts / "step-9" / "trainer_state.json").read_text())["epoch"] > state["epoch"]
