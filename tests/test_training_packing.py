@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from tiny_models import make_tiny_target
 from training_helpers import recipe_for
 
+from eagle3_hub.commands import learning_curve
 from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
 from eagle3_hub.training.batching import PackedBatches, collate, collate_packed, pack_rows
 from eagle3_hub.training.checkpoints import FINISHED
@@ -97,6 +98,14 @@ def test_a_packed_run_trains_and_reports_its_tokens_per_second(tmp_path, tiny_ta
     tp = m["throughput"]
     assert tp["tokens"] > 0 and tp["tokens_per_s"] > 0 and 0 < tp["peak_share"] < 1
     assert m["acceptance"]["expected_acceptance_length"] >= 1
+    # the learning curve from the evaluations the run wrote: tokens at each, a chain's runs one after another
+    work = recipe["work_dir"]
+    assert learning_curve.main([work, work, "--out", str(tmp_path / "curve.png")]) == 0
+    points = json.loads((tmp_path / "curve.json").read_text())
+    assert [p["step"] for p in points] == [3, 6, 3, 6] and (tmp_path / "curve.png").stat().st_size > 0
+    tokens = [p["tokens"] for p in points]
+    assert tokens[1] == tp["tokens"] and tokens[2] == tokens[1] + tokens[0] and tokens == sorted(tokens)
+    assert all(0 <= p["step1_accuracy"] <= 1 and p["greedy"] >= 1 and p["T=0.7"] >= 1 and p["T=1"] >= 1 for p in points)
 
 
 def test_a_packed_run_resumed_from_a_checkpoint_ends_where_the_uninterrupted_run_ends(tmp_path, tiny_target_dir, data_dir,

@@ -127,17 +127,18 @@ class Progress:
     batches_in_epoch: int = 0  # of this epoch, already trained on: a resumed run skips them
     eval_history: list[dict] = field(default_factory=list)
     wall_before: float = 0.0  # seconds the run trained before this (re)start
+    tokens: int = 0  # real (non-padding) tokens trained on, over every process (the learning curve's axis)
 
     @classmethod
     def from_state(cls, state: dict) -> Progress:
         """The progress a checkpoint's trainer state records."""
         return cls(state["step"], state["epoch"], state["batches_in_epoch"], state["eval_history"],
-                   state.get("wall_time_s", 0.0))
+                   state.get("wall_time_s", 0.0), state.get("tokens", 0))
 
     def state(self, wall: float) -> dict:
         """The trainer state of a checkpoint, ``wall`` seconds into the run."""
         return {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-                "eval_history": self.eval_history, "wall_time_s": wall}
+                "eval_history": self.eval_history, "wall_time_s": wall, "tokens": self.tokens}
 
 
 def check_recipe(recipe: dict) -> None:
@@ -262,10 +263,10 @@ def start_or_resume(run: Run, identity: dict, resume: bool) -> Progress:
     return progress
 
 
-def evaluate_into(run: Run, history: list[dict], step: int) -> None:
+def evaluate_into(run: Run, history: list[dict], step: int, tokens: int = 0) -> None:
     """Evaluate on the held-out split, report it, and write the history so far to work_dir/eval_metrics.json."""
     m = evaluate(run.draft, run.eval_loader, run.recipe, run.features, run.accelerator)
-    history.append({"step": step, **m})
+    history.append({"step": step, "tokens": tokens, **m})
     report_eval(m, step, run.accelerator)
     if run.accelerator.is_main_process:
         atomic_write_json(Path(run.recipe["work_dir"]) / "eval_metrics.json", {"eval_history": history})
@@ -303,8 +304,9 @@ def fit(run: Run, progress: Progress, vocab_size: int) -> tuple[dict, float]:
                         scheduler.step()
                     optimizer.zero_grad()
                 p.batches_in_epoch += 1
-                run.throughput.add(int(batch["attention_mask"].sum()) * accelerator.num_processes,
-                                   time.perf_counter() - started)
+                tokens = int(batch["attention_mask"].sum()) * accelerator.num_processes
+                p.tokens += tokens
+                run.throughput.add(tokens, time.perf_counter() - started)
                 if not accelerator.sync_gradients:
                     continue
                 p.step += 1
@@ -323,7 +325,7 @@ def fit(run: Run, progress: Progress, vocab_size: int) -> tuple[dict, float]:
                                     tok_s=f"{logs['tokens_per_s']:.0f}", peak=f"{logs['peak_share']:.1%}")
                     accelerator.log(logs, step=p.step)
                 if p.step % t["eval_every"] == 0 or p.step == total_steps:
-                    evaluate_into(run, p.eval_history, p.step)
+                    evaluate_into(run, p.eval_history, p.step, p.tokens)
                 if p.step % t["save_every"] == 0 or p.step == total_steps:
                     save_checkpoint(accelerator, ckpt_root, p.step, p.state(p.wall_before + time.time() - t0),
                                     t["keep_checkpoints"], run.run_id)
