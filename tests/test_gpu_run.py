@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
+from eagle3_hub.training.train import check_recipe
 
 SCRIPT = Path(__file__).resolve().parents[1] / "recipes" / "gpu_run.py"
 
@@ -51,7 +52,10 @@ def test_the_gpu_run_writes_a_trained_draft_in_16mib_files_and_its_bench(tmp_pat
     assert again["bench"] == results["bench"] and "train" not in again["seconds_this_call"]
 
 
-def test_the_full_size_trains_at_least_50x_the_last_stages_tokens():
+def test_the_full_size_recipe_is_valid_and_trains_at_least_50x_the_last_stages_tokens(tmp_path):
     gpu_run = load_script()
-    rows = gpu_run.steps_for(gpu_run.FULL) * gpu_run.FULL["batch_size"] * gpu_run.FULL["pack_tokens"] * 0.97
-    assert rows >= 50 * 400 * 4 * 384
+    steps = gpu_run.steps_for(gpu_run.FULL)
+    assert steps * gpu_run.FULL["batch_size"] * gpu_run.FULL["pack_tokens"] * 0.97 >= 50 * 400 * 4 * 384
+    recipe = gpu_run.recipe_for(gpu_run.FULL, None, "reference-draft-folder", tmp_path, steps, "cuda")
+    check_recipe(recipe)  # what train() checks before it loads anything
+    assert recipe["train"]["packing"] and recipe["target"]["dtype"] == "bfloat16"
