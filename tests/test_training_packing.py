@@ -19,6 +19,7 @@ from eagle3_hub.modeling_eagle3 import Eagle3DraftModel
 from eagle3_hub.training.batching import PackedBatches, collate, collate_packed, pack_rows
 from eagle3_hub.training.checkpoints import FINISHED
 from eagle3_hub.training.features import TrainingFeatures
+from eagle3_hub.training.throughput import matmul_peak
 from eagle3_hub.training.train import train
 from eagle3_hub.training.ttt import objective
 
@@ -133,3 +134,16 @@ def test_a_packed_run_resumed_from_a_checkpoint_ends_where_the_uninterrupted_run
     assert again["eval_history"] == first["eval_history"]
     # step 4 was in the middle of an epoch (the resumed run skipped its first batches) and 9 in a later one
     assert state["batches_in_epoch"] > 0 and json.loads((ckpts / "step-9" / "trainer_state.json").read_text())["epoch"] > state["epoch"]
+
+
+def test_the_matmul_peak_is_cached_and_only_ever_raised(tmp_path, monkeypatch):
+    """A peak measured while other work slowed the machine is replaced by a later, higher one, never lowered."""
+    monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path))
+    cpu = torch.device("cpu")
+    first = matmul_peak(cpu)
+    path = tmp_path / "measurements" / "matmul_peak.json"
+    assert first["flops"] > 0 and json.loads(path.read_text()) == [first]
+    for cached, want_cached in ((1.0, False), (1e18, True)):
+        path.write_text(json.dumps([{**first, "flops": cached}]))
+        got = matmul_peak(cpu)
+        assert (got["flops"] == cached) == want_cached and len(json.loads(path.read_text())) == 1
