@@ -41,6 +41,7 @@ def main() -> None:
     parser.add_argument("--data", required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pack-tokens", type=int, default=1152)
+    parser.add_argument("--rows", type=int, default=1, help="packed rows a step (train.batch_size)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
     target, tok = load_target(None, dtype="float32", device="cpu")
@@ -52,7 +53,7 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     grouped = [[ds[i] for i in b] for b in LengthGroupedBatches(lengths, 4, g)][: args.rounds]
     g.manual_seed(0)
-    packed = [[ds[i] for i in b] for b in PackedBatches(lengths, 1, args.pack_tokens, g)][: args.rounds]
+    packed = [[ds[i] for i in b] for b in PackedBatches(lengths, args.rows, args.pack_tokens, g)][: args.rounds]
     batches = {"A_unpacked_online": [collate(b, tok.pad_token_id) for b in grouped],
                "B_packed_online": [collate_packed(b, tok.pad_token_id, args.pack_tokens) for b in packed],
                "C_packed_offline": [collate_packed(b, tok.pad_token_id, args.pack_tokens) for b in packed]}
@@ -69,7 +70,7 @@ def main() -> None:
     build_tokens = sum(len(x) for x in used["input_ids"])
     features = {"A_unpacked_online": online, "B_packed_online": online, "C_packed_offline": offline}
     peak = matmul_peak(torch.device("cpu"))
-    result = {"machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    result = {"pack_tokens": args.pack_tokens, "rows": args.rows, "machine": {"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
                           "torch": torch.__version__, "transformers": transformers.__version__},
               "peak": peak, "offline_build": {"tokens": build_tokens, "seconds": round(build_s, 2),
                                               "tokens_per_s": build_tokens / build_s},
