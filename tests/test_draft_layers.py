@@ -19,7 +19,7 @@ from eagle3_hub.formats import export_draft
 from eagle3_hub.formats.fields import INERT, MODELLED, UNMODELLED
 from eagle3_hub.generation.tree import generate
 from eagle3_hub.generation.tree.drafting import Drafter
-from eagle3_hub.training.ttt import step_masks, ttt_loss
+from eagle3_hub.training.ttt import causal_mask, step_masks, ttt_loss
 
 WINDOWED = dict(layer_types=["sliding_attention"], sliding_window=5)
 TWO_LAYERS = dict(num_hidden_layers=2, layer_types=["full_attention", "sliding_attention"], sliding_window=4)
@@ -199,7 +199,7 @@ def test_ttt_steps_see_what_inference_sees(variant):
     with torch.no_grad():
         for k in range(3):
             kwargs = dict(input_ids=ids[:, 1 + k : 1 + k + s], position_ids=torch.arange(s)[None] + k,
-                          attention_mask=step_masks(draft.config, s, k, "cpu"), ttt_cache=ttt_cache)
+                          attention_mask=step_masks(draft.config, causal_mask(s, torch.float32, "cpu"), torch.arange(s)[None], k), ttt_cache=ttt_cache)
             out = (draft(target_hidden_states=feats[:, :s], **kwargs) if k == 0
                    else draft(hidden_states=hidden, **kwargs))
             hidden = out.hidden_states

@@ -1,5 +1,6 @@
-"""Batches for training: right-padded collation, and batches of samples of similar length (less padding) in an order
-that is a function of the seed alone, so that a resumed run replays the same batches."""
+"""Batches for training: right-padded collation, batches of samples of similar length (less padding), and packed
+batches (several samples concatenated in a row, each a document of its own), in an order that is a function of the
+seed alone, so that a resumed run replays the same batches."""
 
 from __future__ import annotations
 
@@ -47,13 +48,112 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
             yield batches[b]
 
 
+def pack_rows(lengths: list[int], capacity: int) -> list[list[int]]:
+    """First-fit decreasing: the indices of ``lengths`` in rows of at most ``capacity`` tokens (a longer sample alone)."""
+    rows: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda i: -lengths[i]):
+        r = next((r for r, free in enumerate(room) if lengths[i] <= free), None)
+        if r is None:
+            rows.append([i])
+            room.append(capacity - lengths[i])
+        else:
+            rows[r].append(i)
+            room[r] -= lengths[i]
+    return rows
+
+
+def collate_packed(batch: list[dict], pad_id: int, capacity: int) -> dict:
+    """Samples packed into rows of at most ``capacity`` tokens: input_ids, attention_mask, loss_mask, position_ids
+    (restarting at each sample) and document_ids (1, 2, ... per sample of a row, 0 on padding), (rows, s); and per
+    sample its index and where it lies: doc_row, doc_start, doc_length (n,)."""
+    rows = pack_rows([len(ex["input_ids"]) for ex in batch], capacity)
+    s = max(sum(len(batch[i]["input_ids"]) for i in row) for row in rows)
+    ids = torch.full((len(rows), s), pad_id, dtype=torch.long)
+    att, lm, pos, doc = (torch.zeros((len(rows), s), dtype=torch.long) for _ in range(4))
+    index, where = [], []
+    for r, row in enumerate(rows):
+        start = 0
+        for d, i in enumerate(row, 1):
+            ex, n = batch[i], len(batch[i]["input_ids"])
+            ids[r, start:start + n] = torch.tensor(ex["input_ids"])
+            att[r, start:start + n] = 1
+            lm[r, start:start + n] = torch.tensor(ex["loss_mask"])
+            lm[r, start] = 0  # nothing in the sample precedes its first token: the row before it belongs to another
+            pos[r, start:start + n] = torch.arange(n)
+            doc[r, start:start + n] = d
+            index.append(ex["index"])
+            where.append((r, start, n))
+            start += n
+    row_, start_, length_ = torch.tensor(where).T
+    return {"input_ids": ids, "attention_mask": att, "loss_mask": lm, "position_ids": pos, "document_ids": doc,
+            "index": torch.tensor(index), "doc_row": row_, "doc_start": start_, "doc_length": length_}
+
+
+def unpack_batch(batch: dict) -> dict:
+    """A packed batch as the right-padded batch of its samples (input_ids, attention_mask, loss_mask, index)."""
+    n, s = len(batch["index"]), int(batch["doc_length"].max())
+    out = {k: batch[k].new_zeros((n, s)) for k in ("input_ids", "attention_mask", "loss_mask")}
+    for j, (r, start, length) in enumerate(zip(*(batch[k].tolist() for k in ("doc_row", "doc_start", "doc_length")))):
+        for k in out:
+            out[k][j, :length] = batch[k][r, start:start + length]
+    out["index"] = batch["index"]
+    return out
+
+
+def pack_like(x: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Per-sample values (n, s', ...) of ``unpack_batch(batch)`` laid out as the packed rows of ``batch`` (zeros on
+    padding)."""
+    out = x.new_zeros(batch["input_ids"].shape + x.shape[2:])
+    for j, (r, start, length) in enumerate(zip(*(batch[k].tolist() for k in ("doc_row", "doc_start", "doc_length")))):
+        out[r, start:start + length] = x[j, :length]
+    return out
+
+
+class PackedBatches(torch.utils.data.Sampler):
+    """Batches of samples that fill ``rows`` rows of ``capacity`` tokens, in random order.
+
+    Each epoch shuffles all samples with ``generator``, packs each span of ``span`` samples into rows
+    (``pack_rows``), takes the rows ``rows`` at a time, and shuffles the batches; ``collate_packed`` packs each
+    batch's samples again the same way. Deterministic given the generator's state, so a resumed run replays the
+    same batches."""
+
+    def __init__(self, lengths: list[int], rows: int, capacity: int, generator: torch.Generator, span: int = 1024):
+        self.lengths, self.rows, self.capacity, self.generator, self.span = lengths, rows, capacity, generator, span
+
+    def _batches(self, generator: torch.Generator) -> list[list[int]]:
+        order = torch.randperm(len(self.lengths), generator=generator).tolist()
+        batches = []
+        for start in range(0, len(order), self.span):
+            chunk = order[start:start + self.span]
+            packed = pack_rows([self.lengths[i] for i in chunk], self.capacity)
+            for b in range(0, len(packed), self.rows):
+                batches.append([chunk[i] for row in packed[b:b + self.rows] for i in row])
+        return batches
+
+    def __len__(self) -> int:  # of the epoch the generator's seed gives (others differ by a batch or so)
+        return len(self._batches(torch.Generator().manual_seed(self.generator.initial_seed())))
+
+    def __iter__(self):
+        batches = self._batches(self.generator)
+        for b in torch.randperm(len(batches), generator=self.generator).tolist():
+            yield batches[b]
+
+
 def make_loaders(train_ds, eval_ds, t: dict, pad_id: int, accelerator) -> tuple[DataLoader, DataLoader, torch.Generator]:
-    """The train loader (shuffled, length-grouped with ``train.group_by_length``) and the held-out loader (in order),
-    prepared for the processes, and the generator of the train shuffle (the loop reseeds it each epoch)."""
+    """The train loader (shuffled; packed with ``train.packing``, else length-grouped with ``train.group_by_length``)
+    and the held-out loader (in order, one sample a row), prepared for the processes, and the generator of the train
+    shuffle (the loop reseeds it each epoch)."""
     generator = torch.Generator().manual_seed(t["seed"])
     pad = partial(collate, pad_id=pad_id)
-    if t["group_by_length"]:
-        sampler = LengthGroupedBatches([len(x) for x in train_ds["input_ids"]], t["batch_size"], generator)
+    lengths = [len(x) for x in train_ds["input_ids"]]
+    if t["packing"]:
+        capacity = t["pack_tokens"] or max(lengths)
+        sampler = PackedBatches(lengths, t["batch_size"], capacity, generator)
+        train_loader = DataLoader(train_ds, batch_sampler=sampler,
+                                  collate_fn=partial(collate_packed, pad_id=pad_id, capacity=capacity))
+    elif t["group_by_length"]:
+        sampler = LengthGroupedBatches(lengths, t["batch_size"], generator)
         train_loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=pad)
     else:
         train_loader = DataLoader(train_ds, batch_size=t["batch_size"], shuffle=True, generator=generator, collate_fn=pad)

@@ -12,7 +12,7 @@ from ..atomic import atomic_dir, atomic_write_json
 
 
 def training_metrics(recipe: dict, vocab_info: dict, steps: int, history: list[dict], wall: float,
-                     earlier: list[dict]) -> dict:
+                     earlier: list[dict], throughput: dict | None = None) -> dict:
     """``training_metrics.json``: the recipe, vocabulary, data report, the last held-out metrics and their history."""
     final = history[-1] if history else {}
     return {
@@ -27,6 +27,9 @@ def training_metrics(recipe: dict, vocab_info: dict, steps: int, history: list[d
                                                  "expected_acceptance_length_at", "masked_share")},
         "eval_history": history,
         "wall_time_s": round(wall, 1),
+        # real tokens a second in the training steps since the run (re)started, and the share of the matmul peak
+        # (training/throughput.py)
+        "throughput": throughput,
         "earlier_stages": earlier,  # the training of draft.init_from, oldest first
     }
 

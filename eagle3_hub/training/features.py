@@ -28,17 +28,27 @@ except ModuleNotFoundError as e:
     raise missing_extra("train", e) from None
 
 from ..atomic import atomic_path, atomic_write_json
+from .batching import pack_like, unpack_batch
 from .ttt import TargetScores, draft_token_ids, target_logit_positions
 
 
 @torch.no_grad()
 def aux_features(target, input_ids, attention_mask, aux_layer_ids, logits_at: torch.Tensor | None = None,
-                 draft_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | TargetScores]:
+                 draft_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor | TargetScores]:
     """(b, s, 3*H) aux features (outputs of the aux decoder layers) and the target's logits: (b, s, V), or their
     ``TargetScores`` when ``draft_ids`` (the draft vocabulary's target ids) is given.
 
     logits_at: (b, s) bool, the positions whose logits are wanted (``ttt.target_logit_positions``); the others
-    are left at 0. The target's output layer over its full vocabulary is then run on those rows only."""
+    are left at 0. The target's output layer over its full vocabulary is then run on those rows only.
+
+    position_ids: of packed rows (restarting at each sample), with ``attention_mask`` None: transformers then keeps
+    attention within each sample."""
+    if position_ids is not None:
+        out = target(input_ids=input_ids, position_ids=position_ids, output_hidden_states=True, use_cache=False,
+                     logits_to_keep=no_logits(input_ids.device))
+        aux = torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1)
+        return aux, target_logits(target, out.hidden_states[-1], logits_at, draft_ids)
     if logits_at is None and draft_ids is None:
         out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
         return torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1), out.logits
@@ -281,10 +291,14 @@ class TrainingFeatures:
             self.offline.build(datasets, pad_id)
 
     def __call__(self, batch, draft):
+        if "document_ids" in batch and self.offline is not None:  # packed: the cache's samples laid out in their rows
+            aux, scores = self(unpack_batch(batch), draft)
+            return pack_like(aux, batch), TargetScores(*(pack_like(x, batch) for x in (scores.draft, scores.argmax, scores.lse)))
         # the loss reads the target's logits over the draft vocabulary, and of the rest only argmax and log-sum-exp
         at = target_logit_positions(batch["loss_mask"].bool() & batch["attention_mask"].bool())
         ids = draft_token_ids(draft)
         if self.offline is not None:
             return self.offline.load(batch, logits_at=at, draft_ids=ids)
-        return aux_features(self.target, batch["input_ids"], batch["attention_mask"], self.aux_layer_ids,
-                            logits_at=at, draft_ids=ids)
+        packed = "document_ids" in batch
+        return aux_features(self.target, batch["input_ids"], None if packed else batch["attention_mask"],
+                            self.aux_layer_ids, logits_at=at, draft_ids=ids, position_ids=batch.get("position_ids"))

@@ -78,6 +78,10 @@ DEFAULTS: dict = {
         "max_steps": None,
         "batch_size": 4,
         "group_by_length": True,  # batches of similar lengths (less padding); false: plain random batches
+        # several samples a row (each attended, positioned and scored as if alone), batch_size rows of at most
+        # pack_tokens tokens (null: the longest sample's length); replaces group_by_length
+        "packing": False,
+        "pack_tokens": None,
         "grad_accum": 1,
         "lr": 5e-4,
         "weight_decay": 0.0,
@@ -131,7 +135,8 @@ VALUE_RULES: dict[str, tuple[str, object]] = {
         "target.name", "target.gguf_file", "target.adapter", "target.chat_template", "draft.init_from",
         "data.regenerate_draft", "features.cache_dir", "output_dir", "push_to_hub")},
     **{k: ("a positive integer or null", lambda v: v is None or (_integer(v) and v >= 1)) for k in (
-        "draft.draft_vocab_size", "draft.intermediate_size", "data.num_proc", "train.max_steps", "train.num_threads")},
+        "draft.draft_vocab_size", "draft.intermediate_size", "data.num_proc", "train.max_steps", "train.num_threads",
+        "train.pack_tokens")},
     **{k: ("an integer or null", lambda v: v is None or _integer(v)) for k in ("data.synthesize_seed", "data.seed")},
     **{k: ("a positive integer", lambda v: _integer(v) and v >= 1) for k in (
         "data.max_new_tokens", "data.gen_batch_size", "data.synthesize_batch_size", "data.max_turns", "train.ttt_steps",

@@ -52,6 +52,7 @@ from .losses import parse_loss
 from .models import build_draft, draft_aux_ids, load_checked_target, load_continued_draft
 from .sources import DataError
 from .splits import prepare_data
+from .throughput import Throughput, matmul_peak, model_flops_per_token
 from .ttt import objective
 from .vocab import prepare_vocab
 
@@ -86,9 +87,12 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only
     # len(train_loader): batches per process, each one sees its shard
     total_steps = t["max_steps"] or math.ceil(len(train_loader) / t["grad_accum"]) * t["epochs"]
     draft, optimizer, scheduler = make_optimizer(draft, t, total_steps, accelerator)
+    online = recipe["features"]["mode"] == "online"
+    peak = matmul_peak(accelerator.device, torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32)
     run = Run(accelerator=accelerator, recipe=recipe, draft=draft, optimizer=optimizer, scheduler=scheduler,
               features=features, train_loader=train_loader, eval_loader=eval_loader, generator=generator,
-              total_steps=total_steps, run_id=run_id(identity))
+              total_steps=total_steps, run_id=run_id(identity),
+              throughput=Throughput(model_flops_per_token(draft, target, t["ttt_steps"], online), peak))
     progress = start_or_resume(run, identity, resume)
     if init is not None and progress.step == 0:  # a continued draft: its score on this held-out split before any step
         evaluate_into(run, progress.eval_history, 0)
@@ -111,6 +115,7 @@ class Run:
     generator: torch.Generator  # the train loader's shuffle, reseeded at each epoch
     total_steps: int
     run_id: str
+    throughput: Throughput
 
 
 @dataclass
@@ -122,17 +127,18 @@ class Progress:
     batches_in_epoch: int = 0  # of this epoch, already trained on: a resumed run skips them
     eval_history: list[dict] = field(default_factory=list)
     wall_before: float = 0.0  # seconds the run trained before this (re)start
+    tokens: int = 0  # real (non-padding) tokens trained on, over every process (the learning curve's axis)
 
     @classmethod
     def from_state(cls, state: dict) -> Progress:
         """The progress a checkpoint's trainer state records."""
         return cls(state["step"], state["epoch"], state["batches_in_epoch"], state["eval_history"],
-                   state.get("wall_time_s", 0.0))
+                   state.get("wall_time_s", 0.0), state.get("tokens", 0))
 
     def state(self, wall: float) -> dict:
         """The trainer state of a checkpoint, ``wall`` seconds into the run."""
         return {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-                "eval_history": self.eval_history, "wall_time_s": wall}
+                "eval_history": self.eval_history, "wall_time_s": wall, "tokens": self.tokens}
 
 
 def check_recipe(recipe: dict) -> None:
@@ -257,10 +263,10 @@ def start_or_resume(run: Run, identity: dict, resume: bool) -> Progress:
     return progress
 
 
-def evaluate_into(run: Run, history: list[dict], step: int) -> None:
+def evaluate_into(run: Run, history: list[dict], step: int, tokens: int = 0) -> None:
     """Evaluate on the held-out split, report it, and write the history so far to work_dir/eval_metrics.json."""
     m = evaluate(run.draft, run.eval_loader, run.recipe, run.features, run.accelerator)
-    history.append({"step": step, **m})
+    history.append({"step": step, "tokens": tokens, **m})
     report_eval(m, step, run.accelerator)
     if run.accelerator.is_main_process:
         atomic_write_json(Path(run.recipe["work_dir"]) / "eval_metrics.json", {"eval_history": history})
@@ -272,7 +278,7 @@ def fit(run: Run, progress: Progress, vocab_size: int) -> tuple[dict, float]:
     t, p, total_steps = run.recipe["train"], progress, run.total_steps
     ckpt_root = Path(run.recipe["work_dir"]) / "checkpoints"
     bar = tqdm(total=total_steps, initial=p.step, desc="train", unit="step", disable=not accelerator.is_local_main_process)
-    tokens_seen, t0 = 0, time.time()
+    t0 = time.time()
     masked = torch.zeros(2)  # positions scored, positions trained, since this run (re)started
     start_step = p.step
     check_at = p.step + min(MASKED_CHECK_STEPS, total_steps - p.step)
@@ -284,6 +290,7 @@ def fit(run: Run, progress: Progress, vocab_size: int) -> tuple[dict, float]:
             skip = p.batches_in_epoch
             loader = accelerator.skip_first_batches(run.train_loader, skip) if skip else run.train_loader
             for batch in loader:
+                started = time.perf_counter()
                 with accelerator.accumulate(draft):
                     aux, logits = run.features(batch, draft)
                     with accelerator.autocast():
@@ -297,7 +304,9 @@ def fit(run: Run, progress: Progress, vocab_size: int) -> tuple[dict, float]:
                         scheduler.step()
                     optimizer.zero_grad()
                 p.batches_in_epoch += 1
-                tokens_seen += int(batch["attention_mask"].sum()) * accelerator.num_processes
+                tokens = int(batch["attention_mask"].sum()) * accelerator.num_processes
+                p.tokens += tokens
+                run.throughput.add(tokens, time.perf_counter() - started)
                 if not accelerator.sync_gradients:
                     continue
                 p.step += 1
@@ -310,12 +319,13 @@ def fit(run: Run, progress: Progress, vocab_size: int) -> tuple[dict, float]:
                 if p.step % t["log_every"] == 0 or p.step == total_steps:
                     acc0 = (out.step_correct[0] / out.step_count[0].clamp(min=1)).item()
                     logs = {"loss": out.loss.item(), "acc0": acc0, "lr": scheduler.get_last_lr()[0],
-                            "tokens_per_s": tokens_seen / (time.time() - t0), "masked_share": masked_share(*masked.tolist())}
+                            "tokens_per_s": run.throughput.tokens_per_s, "peak_share": run.throughput.peak_share,
+                            "masked_share": masked_share(*masked.tolist())}
                     bar.set_postfix(loss=f"{logs['loss']:.3f}", acc0=f"{acc0:.2f}", masked=f"{logs['masked_share']:.0%}",
-                                    tok_s=f"{logs['tokens_per_s']:.0f}")
+                                    tok_s=f"{logs['tokens_per_s']:.0f}", peak=f"{logs['peak_share']:.1%}")
                     accelerator.log(logs, step=p.step)
                 if p.step % t["eval_every"] == 0 or p.step == total_steps:
-                    evaluate_into(run, p.eval_history, p.step)
+                    evaluate_into(run, p.eval_history, p.step, p.tokens)
                 if p.step % t["save_every"] == 0 or p.step == total_steps:
                     save_checkpoint(accelerator, ckpt_root, p.step, p.state(p.wall_before + time.time() - t0),
                                     t["keep_checkpoints"], run.run_id)
@@ -339,7 +349,8 @@ def finish(run: Run, progress: Progress, state_dict: dict, wall: float, vocab_in
     out_dir = Path(recipe["output_dir"])
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(run.draft)
-        metrics = training_metrics(recipe, vocab_info, progress.step, progress.eval_history, wall, earlier)
+        metrics = training_metrics(recipe, vocab_info, progress.step, progress.eval_history, wall, earlier,
+                                   run.throughput.report())
         export_draft(model, out_dir, metrics=metrics, state_dict=state_dict)
         atomic_write_json(Path(recipe["work_dir"]) / FINISHED, {"output_dir": str(out_dir), "steps": progress.step,
                                                                 "wall_time_s": round(wall, 1), "run_id": run.run_id})

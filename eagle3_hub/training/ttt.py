@@ -10,6 +10,10 @@ argmax lies outside the draft vocabulary are masked.
 
 Sliding-window draft layers (``config.layer_types``) see the step-0 keys whose positions are inside the window of
 the query's position t+k, as at inference; the diagonal keys sit at t+1..t+k, inside any window wider than k.
+
+A packed row (``document_ids``, ``position_ids``: several samples concatenated) is trained as its samples would be
+alone: attention stays within a sample, position ids restart at each, and step k at position t is scored only
+where token t+2+k belongs to the same sample as t.
 """
 
 from __future__ import annotations
@@ -59,17 +63,23 @@ def causal_mask(seq_len: int, dtype: torch.dtype, device) -> torch.Tensor:
     return mask[None, None]
 
 
-def step_masks(config, seq_len: int, step: int, device) -> torch.Tensor | dict[str, torch.Tensor]:
-    """The attention mask of TTT step ``step`` over the step-0 keys: causal, and for a draft with sliding-window
-    layers transformers' ``{layer type: mask}`` dict whose sliding mask also hides the keys outside the window of
-    the query's position t + step."""
-    causal = causal_mask(seq_len, torch.float32, device)
+def document_mask(document_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """(b, 1, s, s) additive mask: causal, and within the document of each position (``document_ids`` (b, s))."""
+    s = document_ids.shape[1]
+    causal = torch.ones(s, s, dtype=torch.bool, device=document_ids.device).tril()
+    allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & causal
+    return torch.zeros(allowed.shape, dtype=dtype, device=document_ids.device).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+
+
+def step_masks(config, base: torch.Tensor, positions: torch.Tensor, step: int) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The attention mask of TTT step ``step`` over the step-0 keys: ``base`` (causal, or a packed row's document
+    mask), and for a draft with sliding-window layers transformers' ``{layer type: mask}`` dict whose sliding mask also
+    hides the keys outside the window of the query's position t + step (``positions`` (b, s): restarting per document)."""
     if "sliding_attention" not in config.layer_types:
-        return causal
-    pos = torch.arange(seq_len, device=device)
-    kept = in_window(pos[:, None] + step, pos[None, :], config.sliding_window)
-    sliding = causal.masked_fill(~kept, torch.finfo(torch.float32).min)
-    return {"full_attention": causal, "sliding_attention": sliding}
+        return base
+    kept = in_window(positions[:, :, None] + step, positions[:, None, :], config.sliding_window)[:, None]
+    sliding = base.masked_fill(~kept, torch.finfo(base.dtype).min)
+    return {"full_attention": base, "sliding_attention": sliding}
 
 
 def draft_core(draft):
@@ -119,6 +129,8 @@ def ttt_loss(
     loss: str | dict = "kl",  # train.loss: a name of losses.LOSSES or {name: weight}
     lk_eta: float = 3.0,  # lk_hybrid's eta
     temperatures: tuple[float, ...] = (),  # also measure chain acceptance with both sampled at these (evaluation)
+    position_ids: torch.LongTensor | None = None,  # (b, s) of a packed batch: restarting at each document
+    document_ids: torch.LongTensor | None = None,  # (b, s) of a packed batch: the document of each position
 ) -> TTTOutput:
     loss_weights = parse_loss(loss)
     b, s = input_ids.shape
@@ -146,7 +158,11 @@ def ttt_loss(
         draft_mass = torch.ones(b, s, device=device)
         draft_mass[rows] = (lse_draft[rows] - scores.lse[rows]).exp()
 
-    positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
+    if document_ids is None:
+        base = causal_mask(s, torch.float32, device)
+        positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
+    else:
+        base, positions = document_mask(document_ids, torch.float32), position_ids
     ttt_cache: list = []
     hidden = None
     losses, correct, counts, trained, chain_correct, alphas, chain_alphas = [], [], [], [], [], [], []
@@ -156,11 +172,13 @@ def ttt_loss(
     for k in range(ttt_steps):
         ids_k = _shift(input_ids, 1 + k)  # token t+1+k
         scored = _shift(loss_mask, 2 + k, False)  # (b, s) positions the metrics count
+        if document_ids is not None:  # ...whose token t+2+k is of the same document
+            scored = scored & (_shift(document_ids, 2 + k, -1) == document_ids)
         valid = scored & _shift(in_vocab, 1 + k, False)  # (b, s) ...and the loss trains: the target's token is reachable
         p_k = _shift(target_p, 1 + k)[valid]  # (n, Vd) target distribution of token t+2+k
         mass_k = _shift(draft_mass, 1 + k, 1.0)[valid]  # (n,)
         want_k = _shift(target_argmax_draft, 1 + k)[valid]  # (n,)
-        mask = step_masks(core.config, s, k, device)
+        mask = step_masks(core.config, base, positions, k)
         # logits only where the loss scores them: the draft's lm_head is most of a step's cost
         if hidden is None:
             out = draft(input_ids=ids_k, target_hidden_states=aux_hidden_states, position_ids=positions,
@@ -214,7 +232,8 @@ def objective(draft, aux, batch, logits, t: dict, temperatures: tuple[float, ...
     """The TTT loss of a collated batch with the recipe's ``train`` settings ``t``."""
     return ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
                     ttt_steps=t["ttt_steps"], step_weight=t["step_weight"], loss=t["loss"], lk_eta=t["lk_eta"],
-                    temperatures=temperatures)
+                    temperatures=temperatures, position_ids=batch.get("position_ids"),
+                    document_ids=batch.get("document_ids"))
 
 
 def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, step_alpha=None, chain_alpha=None,
