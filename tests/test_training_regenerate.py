@@ -220,10 +220,13 @@ def test_sampled_answers_of_kept_prompts_stay_beside_their_greedy_answers(tmp_pa
 
 
 @pytest.mark.parametrize("bad, says", [
-    ({"temperature": -1}, "temperature >= 0"),
-    ({"temperature": 1, "top_p": 0}, "0 < top_p <= 1"),
-    ({"temperature": "hot"}, "temperature must be a number"),
-    ({"temp": 1}, "mapping of temperature, top_p and share"),
+    ({"temperature": -1}, r"data.answer_sampling\[0\].temperature must be a non-negative number \(default 0.0\), got -1"),
+    ({"temperature": 1, "top_p": 0}, r"data.answer_sampling\[0\].top_p must be a number in \(0, 1\] \(default 1.0\), got 0"),
+    ({"temperature": "hot"}, "temperature must be a non-negative number"),
+    ({"temperature": float("inf")}, "temperature must be a non-negative number .*got Infinity"),
+    ({"share": float("nan")}, "share must be a positive number .*got NaN"),
+    ({"temp": 1}, r"data.answer_sampling\[0\] has no key `temp` \(did you mean `temperature`\?\): its keys are "
+                  "temperature, top_p, share"),
 ])
 def test_bad_answer_sampling_is_named(bad, says):
     from eagle3_hub.training.generation import answer_settings
