@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 from pydantic.fields import FieldInfo
 
 
@@ -60,7 +60,19 @@ def loss_weights(spec) -> dict[str, float]:
 def rule_broken(name: str, error: ValueError) -> str:
     """``train.loss: unknown loss 'mse'...`` or ``train.loss must name a loss...``: a rule's message about a key."""
     text = str(error)
-    return f"{name}{' ' if text.startswith('must ') else ': '}{text}"
+    if text.startswith(name.rpartition(".")[2] + " "):  # the rule names its key already
+        name = name.rpartition(".")[0]
+    return f"{name}{' ' if text.startswith('must ') else ': '}{text}" if name else text
+
+
+def _text_suffixes(suffixes):
+    if any(not x.startswith(".") for x in ([suffixes] if isinstance(suffixes, str) else suffixes)) or not suffixes:
+        raise ValueError(f"suffixes must list the endings of the files read as documents, each with its dot (e.g. "
+                         f"[.py, .c]), got {suffixes!r}")
+    if set([suffixes] if isinstance(suffixes, str) else suffixes) & set(RECORD_SUFFIXES):
+        raise ValueError("suffixes name text files; .json, .jsonl and .parquet files are read as records (their "
+                         "`field`)")
+    return suffixes
 
 
 def _loss(spec):
@@ -89,17 +101,34 @@ class Draft(Section):
     head_from_target: bool = Field(False, description="start the draft's `lm_head` from the target's output rows of the draft vocabulary (the target's final-norm gain folded in, so `lm_head(norm(h))` = the target's logits of those tokens) instead of random. Meant to save the steps spent learning the output space; not yet measured at scale, hence off")
 
 
+RECORD_SUFFIXES = (".json", ".jsonl", ".parquet")  # local files read as records, whatever a source's kind
+TEXT_KEYS = ("opening_chars", "max_chars", "field", "suffixes")  # the keys of a `kind: text` source only
+
+
 class Source(Section):
-    """A data source given as a mapping; its other keys go to ``datasets.load_dataset`` or, with ``kind: text``, to
-    the documents' reader (training/sources.py)."""
+    """A data source given as a mapping; its other keys go to ``datasets.load_dataset`` (training/sources.py)."""
 
     model_config = ConfigDict(extra="allow")
 
-    path: str
-    kind: Literal["chat", "text"] = "chat"
-    eval: bool = True
-    regenerate: bool | None = None
-    max_samples: PositiveInt | None = None
+    path: str = Field(description="a preset name, a Hub dataset id, or a local `.json`/`.jsonl`/`.parquet` file or folder (with `kind: text`, also `.txt`/`.md` files)")
+    kind: Literal["chat", "text"] = Field("chat", description="`chat`: conversations or prompts; `text`: documents, each cut into pieces whose opening is the prompt and whose rest is the answer (**Natural text** below)")
+    max_samples: PositiveInt | None = Field(None, description="a seeded random subset of this many samples")
+    regenerate: bool | None = Field(None, description="`false`: keep this source's answers even when `data.regenerate` is on (data this target has answered already, such as an earlier run's `regen-*.jsonl`); `true`: the target answers it even when it is off (or continues the openings of a text source); `null` = `data.regenerate` (text sources: `false`)")
+    eval: bool = Field(True, description="`false` keeps this source's samples out of the held-out split (data an earlier stage trained on)")
+    # A document's sample opens with about this many characters (a sentence or two, ~50 tokens) as the user turn: the
+    # rest carries the loss, and an opening gives the draft a start to continue from, as a base model's prompt does.
+    opening_chars: PositiveInt = Field(200, description="`kind: text`: the most characters of a piece's opening (at most half the piece, ending at a line break or a space)")
+    # ~500 tokens of English, within data.max_length's default of 1024
+    max_chars: PositiveInt = Field(2000, description="`kind: text`: documents longer than this are cut into pieces at line breaks, each a sample; set it near 4 x `data.max_length` so little is truncated")
+    field: Annotated[str, Says("the name of the records' text field")] = Field("text", description="`kind: text`: the field of `.json`/`.jsonl`/`.parquet` records that holds the document")
+    suffixes: Annotated[str | list[str], AfterValidator(_text_suffixes), Says("the endings of the files read as documents, each with its dot (e.g. [.py, .c])")] = Field([".txt", ".md"], description="`kind: text`: the endings of the files of a folder read as documents, e.g. `[.py, .js, .c]` for code")
+
+    @model_validator(mode="after")
+    def _text_keys_need_kind_text(self):
+        given = [k for k in TEXT_KEYS if k in self.model_fields_set]
+        if self.kind == "chat" and given:
+            raise ValueError(f"{', '.join(given)} belong to documents: add `kind: text`")
+        return self
 
 
 SourceEntry = Annotated[str | Source, Says("a path, Hub id or preset, or a mapping {path, ...} whose `kind` is chat (the default) or text")]
@@ -235,7 +264,8 @@ def expected(tp, metadata: list | tuple = ()) -> str:
     if origin is Literal:
         return "one of " + ", ".join(str(a) for a in args)
     if origin is list:
-        return "a list"
+        item = args[0] if args else None
+        return f"a list of mappings of {', '.join(item.model_fields)}" if _is_model(item) else "a list"
     if origin is dict:
         return "a mapping"
     if _is_model(tp):
@@ -251,11 +281,11 @@ def _shown(value) -> str:
     return json.dumps(value, default=str)
 
 
-def error_line(error: dict, prefix: str = "", flags: bool = False, given=None) -> str:
+def error_line(error: dict, prefix: str = "", flags: bool = False, given=None, root: type[BaseModel] = Recipe) -> str:
     """One pydantic error -> ``<prefix>train.lr must be a positive number (default 0.0005), got true``: the key (with
     the index of a list entry whose own key is bad), what it must be, its default, and the value ``given`` there
     (``flags``: as the ``--key=value`` flag it came from)."""
-    name, pending, info, inside, value, where = "", "", None, [Recipe], given, given
+    name, pending, info, inside, value, where = "", "", None, [root], given, given
     for part in error["loc"]:
         if isinstance(part, int):  # an entry of a list: its index shows only before a key of that entry
             pending += f"[{part}]"
@@ -274,7 +304,7 @@ def error_line(error: dict, prefix: str = "", flags: bool = False, given=None) -
         else:  # a branch of a union (``str``, ``Source``): look inside that one
             inside = [t for t in inside if getattr(t, "__name__", None) == part] or inside
     if error["type"] == "value_error":  # a rule of the schema that says more than a type and a range
-        return prefix + rule_broken(name, error["ctx"]["error"])
+        return prefix + rule_broken(name + pending, error["ctx"]["error"])
     if info is None:
         return f"{prefix}{name} {error['msg']}, got {_shown(value)}"
     if error["type"] == "missing":
@@ -295,12 +325,12 @@ def _types(tp) -> list:
     return out
 
 
-def _first(errors: list[dict]) -> dict:
+def _first(errors: list[dict], depth: int | None = None) -> dict:
     """The error of the first bad key (of its first bad list entry), and of the errors of its value (one per branch
     of a union), the one that got furthest."""
     def key(e):
         loc = e["loc"]
-        n = 2 if loc[0] in sections() else 1
+        n = depth or (2 if loc[0] in sections() else 1)
         return loc[:n] + tuple(x for x in loc[n:n + 1] if isinstance(x, int))
     first = key(errors[0])
     return max((e for e in errors if key(e) == first),
@@ -348,3 +378,12 @@ def takes_text(dotted: str) -> str:
     kinds = [a for a in args if a is not type(None)]
     text = all(a is str or typing.get_origin(a) is Literal for a in kinds)
     return ("or null" if type(None) in args else "text") if text else ""
+
+
+def validate_source(spec: dict, prefix: str = "") -> None:
+    """Refuse a bad data source given as a mapping (``Source``), in one line that starts with ``prefix``."""
+    try:
+        Source.model_validate(spec)
+    except ValidationError as e:
+        errors = e.errors()
+        raise ValueError(error_line(_first(errors, depth=1), prefix, given=spec, root=Source)) from None
