@@ -12,11 +12,12 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .recipe_schema import Recipe, defaults, field_expected, sections
+from .recipe_schema import AnswerSetting, Recipe, Source, defaults, field_expected, sections
 
 TOP_LEVEL = "top level"  # the table of the keys outside every section
 # in docs/training.md, each table sits between these lines (SECTION: target, draft, ..., or TOP_LEVEL)
 BEGIN, END = "<!-- recipe-keys: {} (written by python -m eagle3_hub.training.recipe_docs) -->", "<!-- /recipe-keys -->"
+ENTRIES = {"data.sources": Source, "data.answer_sampling": AnswerSetting}  # the keys of a list's mappings
 DRAFT_CONFIG_NOTE = ("and any Eagle3Config parameter the target does not fix (fc_norm, norm_output, rms_norm_eps, "
                      "num_attention_heads, ...): docs/training.md, Architecture keys")
 
@@ -34,7 +35,7 @@ def _fields(section: str) -> dict:
     """The keys of ``section`` (TOP_LEVEL: the recipe's own), their field infos."""
     if section == TOP_LEVEL:
         return {k: f for k, f in Recipe.model_fields.items() if k not in sections()}
-    return sections()[section].model_fields
+    return {**sections(), **ENTRIES}[section].model_fields
 
 
 def markdown_table(section: str) -> str:
@@ -42,14 +43,14 @@ def markdown_table(section: str) -> str:
     cell = lambda text: str(text).replace("|", "\\|")  # noqa: E731
     rows = ["| Key | Type | Default | Meaning |", "|---|---|---|---|"]
     for key, info in _fields(section).items():
-        default = info.get_default(call_default_factory=True)
-        rows.append(f"| `{key}` | {cell(field_expected(info))} | `{cell(_value(default))}` | {cell(info.description)} |")
+        default = _value(info.get_default(call_default_factory=True)) if not info.is_required() else "required"
+        rows.append(f"| `{key}` | {cell(field_expected(info))} | `{cell(default)}` | {cell(info.description)} |")
     return "\n".join(rows)
 
 
 def update_docs(text: str) -> str:
     """``text`` (docs/training.md) with every table between the markers written anew from the schema."""
-    for section in [*sections(), TOP_LEVEL]:
+    for section in [*sections(), *ENTRIES, TOP_LEVEL]:
         begin = BEGIN.format(section)
         pattern = re.compile(re.escape(begin) + r"\n.*?\n" + re.escape(END), re.S)
         if not pattern.search(text):
@@ -78,6 +79,9 @@ def schema_text() -> str:
         for key, info in _fields(section).items():
             default = values[key] if section == TOP_LEVEL else values[section][key]
             lines += _comment(f"{field_expected(info)}: {info.description}", indent)
+            for sub, entry in _fields(f"{section}.{key}").items() if f"{section}.{key}" in ENTRIES else ():
+                what = "required" if entry.is_required() else f"default {json.dumps(entry.get_default())}"
+                lines += _comment(f"- {sub} ({field_expected(entry)}, {what}): {entry.description}", indent + "  ")
             lines.append(f"{indent}{key}: {json.dumps(default)}")
     return "\n".join(lines) + "\n"
 

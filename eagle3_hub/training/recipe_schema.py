@@ -14,8 +14,13 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
-from pydantic.fields import FieldInfo
+from ..extras import missing_extra
+
+try:
+    from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+    from pydantic.fields import FieldInfo
+except ModuleNotFoundError as e:
+    raise missing_extra("train", e) from None
 
 
 class Says:
@@ -131,19 +136,19 @@ class Source(Section):
         return self
 
 
-SourceEntry = Annotated[str | Source, Says("a path, Hub id or preset, or a mapping {path, ...} whose `kind` is chat (the default) or text")]
+SourceEntry = Annotated[str | Source, Says("a path, Hub id or preset, or a mapping {path, ...}")]
 
 
 class AnswerSetting(Section):
     """One setting of ``data.answer_sampling``: greedy (``temperature: 0``) or sampled, for a ``share`` of prompts."""
 
-    temperature: NonNegative = 0.0
-    top_p: Annotated[float, Field(gt=0, le=1), Says("a number in (0, 1]")] = 1.0
-    share: PositiveNumber = 1.0
+    temperature: NonNegative = Field(0.0, description="sampling temperature (0 = greedy)")
+    top_p: Annotated[float, Field(gt=0, le=1), Says("a number in (0, 1]")] = Field(1.0, description="nucleus sampling: the smallest set of tokens whose probability reaches this (sampled settings only)")
+    share: PositiveNumber = Field(1.0, description="how many prompts get this setting, relative to the other settings' shares")
 
 
 class Data(Section):
-    sources: Annotated[list[SourceEntry], Says("a list of sources, each a path, Hub id or preset, or a mapping {path, ...} whose `kind` is chat (the default) or text")] = Field([], description="a list of sources, each a preset name, a Hub dataset id, a local `.json`/`.jsonl`/`.parquet` file or folder, or a dict `{path, split, data_files, name, max_samples, ...}` (extra keys go to `datasets.load_dataset`; `max_samples` takes a seeded random subset; `regenerate: false` keeps that source's answers even when `regenerate` is on, for data this target has answered already, such as an earlier run's `regen-*.jsonl`; `eval: false` keeps that source's samples out of the held-out split, for data an earlier stage trained on; `kind: text` reads documents, below)")
+    sources: Annotated[list[SourceEntry], Says("a list of sources (paths, Hub ids, presets, or mappings {path, ...})")] = Field([], description="the data: each source a preset name, a Hub dataset id, a local `.json`/`.jsonl`/`.parquet` file or folder, or a mapping `{path, ...}` with the keys of a source (below: `max_samples`, `regenerate`, `eval`, `kind: text` for documents, ...; its other keys, such as `split`, `data_files` and `name`, go to `datasets.load_dataset`)")
     synthesize: Count = Field(0, description="number of prompts the target writes itself (Magpie style, below); works with no `sources` at all")
     synthesize_seed: int | None = Field(None, description="seed of the synthesised prompts (default `data.seed`); another seed gives other prompts, e.g. to add new ones to data synthesised before")
     synthesize_openers: Annotated[list[str], Says('a list of strings (e.g. ["Write", "Explain", ""])')] = Field([], description='words that start the synthesised prompts, in turn (`["Write", "Solve", "Imagine you are", ""]`; `""` leaves the start to the target): steer a small target, which mostly asks for advice when left alone, to other kinds of request')
@@ -197,9 +202,9 @@ class Train(Section):
 
 class Lora(Section):
     enabled: bool = Field(False, description="train LoRA adapters (peft) on the draft of `draft.init_from` instead of all weights")
-    r: PositiveInt = Field(16, description="LoRA rank")
-    alpha: PositiveNumber = Field(32, description="LoRA scaling")
-    dropout: Annotated[float, Field(ge=0, lt=1), Says("a number in [0, 1)")] = Field(0.0, description="LoRA dropout")
+    r: PositiveInt = Field(16, description="LoRA rank: the inner width of each adapter")
+    alpha: PositiveNumber = Field(32, description="LoRA scaling: an adapter's output is multiplied by `alpha / r`")
+    dropout: Annotated[float, Field(ge=0, lt=1), Says("a number in [0, 1)")] = Field(0.0, description="dropout on the adapters' input while training")
     target_modules: Texts = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], description="draft modules that get adapters (add `fc` or `lm_head` if needed)")
 
 
