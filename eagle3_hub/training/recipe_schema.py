@@ -12,6 +12,7 @@ import difflib
 import json
 import types
 import typing
+from collections.abc import Mapping
 from typing import Annotated, Any, Literal, Union
 
 from ..extras import missing_extra
@@ -19,6 +20,7 @@ from ..extras import missing_extra
 try:
     from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
     from pydantic.fields import FieldInfo
+    from pydantic_core import ErrorDetails
 except ModuleNotFoundError as e:
     raise missing_extra("train", e) from None
 
@@ -35,9 +37,9 @@ Count = Annotated[int, Field(ge=0), Says("an integer >= 0")]
 PositiveNumber = Annotated[float, Field(gt=0), Says("a positive number")]
 NonNegative = Annotated[float, Field(ge=0), Says("a non-negative number")]
 Texts = Annotated[list[str], Says("a list of strings")]
-DTYPES = ("auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16")  # devices.resolve_dtype's names
+Dtype = Literal["auto", "float32", "fp32", "bfloat16", "bf16", "float16", "fp16"]  # devices.resolve_dtype's names
 LOSSES = ("kl", "lk", "lk_log", "lk_hybrid")  # training/losses.py
-REGENERATE_WITH = ("auto", "tree", "generate", "same_forward")  # training/generation.py
+RegenerateWith = Literal["auto", "tree", "generate", "same_forward"]  # training/generation.py's decoders
 
 
 class Section(BaseModel):
@@ -89,7 +91,7 @@ class Target(Section):
     name: str | None = Field(None, description="Hub repo id or local folder (`AutoModelForCausalLM`), a `.gguf` path, a PEFT adapter folder or repo (its base is loaded and the adapter merged), or `null` for the embedded SmolLM2-135M-Instruct")
     gguf_file: str | None = Field(None, description="the GGUF file inside a Hub repo or folder given by `name`")
     adapter: str | None = Field(None, description="a PEFT adapter merged into `name` (a fine-tuned target)")
-    dtype: Literal[DTYPES] = Field("bfloat16", description="the target's weights. On CPUs without bf16 units (AVX2) use `float32`: bf16 matmuls are ~4x slower there")  # type: ignore[valid-type]
+    dtype: Dtype = Field("bfloat16", description="the target's weights. On CPUs without bf16 units (AVX2) use `float32`: bf16 matmuls are ~4x slower there")
     chat_template: str | None = Field(None, description="a Jinja chat template for a tokenizer that has none (a base model): samples are rendered through it and the loss covers what follows the user turn. `recipes/gemma-3-270m.yaml` uses a plain one: `<bos>`, the prompt, a newline, the continuation (the bench's prompts for a base model)")
 
 
@@ -153,7 +155,7 @@ class Data(Section):
     synthesize_seed: int | None = Field(None, description="seed of the synthesised prompts (default `data.seed`); another seed gives other prompts, e.g. to add new ones to data synthesised before")
     synthesize_openers: Annotated[list[str], Says('a list of strings (e.g. ["Write", "Explain", ""])')] = Field([], description='words that start the synthesised prompts, in turn (`["Write", "Solve", "Imagine you are", ""]`; `""` leaves the start to the target): steer a small target, which mostly asks for advice when left alone, to other kinds of request')
     regenerate: bool = Field(True, description="answer every prompt with the target (greedy unless `temperature` > 0) instead of training on the dataset's answers")
-    regenerate_with: Literal[REGENERATE_WITH] = Field("auto", description="which decoder writes the target's answers and synthesised prompts: `generate` (transformers' plain `generate`), `tree` (our lossless tree decoding with `regenerate_draft`; float32 greedy writes plain greedy's tokens, bf16 may part at near-ties; sampled synthesis through it keeps the distribution, not the exact prompts of a seed), `same_forward` (plain greedy decoding through tree decoding's verifier: its lean forward and packed head, one token per step; plain greedy's tokens in float32, faster than `generate` on CPUs at batch sizes of 32 and more; sampled calls stay on `generate`), `auto` (greedy answers: `same_forward` on a CPU, 1.40x `generate` at batch 32 (below); elsewhere tree decoding where a draft exists for the target, `generate` otherwise). `work_dir/data/generation_report.json` (and `data_report.json`) records the decoder, tokens/s and tokens per CPU-minute of every call")  # type: ignore[valid-type]
+    regenerate_with: RegenerateWith = Field("auto", description="which decoder writes the target's answers and synthesised prompts: `generate` (transformers' plain `generate`), `tree` (our lossless tree decoding with `regenerate_draft`; float32 greedy writes plain greedy's tokens, bf16 may part at near-ties; sampled synthesis through it keeps the distribution, not the exact prompts of a seed), `same_forward` (plain greedy decoding through tree decoding's verifier: its lean forward and packed head, one token per step; plain greedy's tokens in float32, faster than `generate` on CPUs at batch sizes of 32 and more; sampled calls stay on `generate`), `auto` (greedy answers: `same_forward` on a CPU, 1.40x `generate` at batch 32 (below); elsewhere tree decoding where a draft exists for the target, `generate` otherwise). `work_dir/data/generation_report.json` (and `data_report.json`) records the decoder, tokens/s and tokens per CPU-minute of every call")
     regenerate_draft: str | None = Field(None, description="the draft for `regenerate_with: tree|auto` (folder or Hub id); null = the reference draft shipped for the target, if any")
     max_new_tokens: PositiveInt = Field(384, description="length limit of regenerated answers")
     temperature: NonNegative = Field(0.0, description="sampling temperature of regenerated answers (0 = greedy)")
@@ -239,7 +241,7 @@ def sections() -> dict[str, type[BaseModel]]:
     return {name: info.annotation for name, info in Recipe.model_fields.items() if _is_model(info.annotation)}
 
 
-def _is_model(tp) -> bool:
+def _is_model(tp) -> typing.TypeGuard[type[BaseModel]]:
     return isinstance(tp, type) and issubclass(tp, BaseModel)
 
 
@@ -286,7 +288,7 @@ def _shown(value) -> str:
     return json.dumps(value, default=str)
 
 
-def error_line(error: dict, prefix: str = "", flags: bool = False, given=None, root: type[BaseModel] = Recipe) -> str:
+def error_line(error: Mapping[str, Any], prefix: str = "", flags: bool = False, given=None, root: type[BaseModel] = Recipe) -> str:
     """One pydantic error -> ``<prefix>train.lr must be a positive number (default 0.0005), got true``: the key (with
     the index of a list entry whose own key is bad), what it must be, its default, and the value ``given`` there
     (``flags``: as the ``--key=value`` flag it came from)."""
@@ -330,7 +332,7 @@ def _types(tp) -> list:
     return out
 
 
-def _first(errors: list[dict], depth: int | None = None) -> dict:
+def _first(errors: list[ErrorDetails], depth: int | None = None) -> ErrorDetails:
     """The error of the first bad key (of its first bad list entry), and of the errors of its value (one per branch
     of a union), the one that got furthest."""
     def key(e):
@@ -356,11 +358,13 @@ def validate_key(dotted: str, value, prefix: str = "") -> None:
     info = field_info(dotted)
     assert info is not None, dotted
     try:
-        tp = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        params = (info.annotation, *info.metadata)
+        tp: Any = Annotated[params] if info.metadata else info.annotation
         TypeAdapter(tp, config=Section.model_config).validate_python(value)
     except ValidationError as e:
         section, _, key = dotted.rpartition(".")
-        errors = [{**x, "loc": (*(section.split(".") if section else ()), key, *x["loc"])} for x in e.errors()]
+        errors = [ErrorDetails(**{**x, "loc": (*(section.split(".") if section else ()), key, *x["loc"])})
+                  for x in e.errors()]
         given: Any = value
         for part in reversed([*section.split("."), key] if section else [key]):
             given = {part: given}
