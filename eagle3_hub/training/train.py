@@ -57,8 +57,8 @@ from .vocab import prepare_vocab
 
 
 def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only: bool = False) -> Path:
-    """Run a recipe (see ``recipe.DEFAULTS`` and recipes/README.md) and return the draft folder; ``data_only``: stop
-    after the data (generated, tokenised, with its reports in work_dir/data) and return that folder.
+    """Run a recipe (its keys: ``recipe_schema.Recipe``; recipes/README.md) and return the draft folder;
+    ``data_only``: stop after the data (generated, tokenised, with its reports in work_dir/data) and return that folder.
 
     Bad input (recipe values, target, draft vocabulary size, aux layers, an existing draft that does not fit,
     missing chat template, empty or malformed data) raises before anything is written to work_dir. With
