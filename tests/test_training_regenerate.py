@@ -123,7 +123,7 @@ def test_the_regeneration_draft_is_chosen_and_checked_before_any_model_loads(tmp
     assert regeneration_draft("auto", "someone/draft-repo", None) == "someone/draft-repo"  # a Hub id
     with pytest.raises(ValueError, match="data.regenerate_with: tree needs an EAGLE-3 draft"):
         regeneration_draft("tree", None, str(tmp_path))
-    with pytest.raises(ValueError, match="must be one of auto, tree, generate, same_forward, got 'fast'"):
+    with pytest.raises(ValueError, match='must be one of auto, tree, generate, same_forward \\(default "auto"\\), got "fast"'):
         regeneration_draft("fast", None, None)
     with pytest.raises(FileNotFoundError, match="no config.json there"):
         regeneration_draft("auto", str(tmp_path), None)
