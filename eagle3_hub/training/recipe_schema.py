@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import types
 import typing
 from collections.abc import Mapping
@@ -58,8 +59,8 @@ def loss_weights(spec) -> dict[str, float]:
     unknown = [name for name in weights if name not in LOSSES]
     if unknown:
         raise ValueError(f"unknown loss {unknown[0]!r}; choose from {', '.join(LOSSES)} ({example})")
-    if any(isinstance(w, bool) or not isinstance(w, (int, float)) or not w >= 0 or w == float("inf") for w in
-           weights.values()) or not sum(weights.values()):
+    if any(isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
+           for w in weights.values()) or not sum(weights.values()):
         raise ValueError(f"weights must be non-negative numbers, not all zero ({example}), got {spec!r}")
     return {name: float(w) for name, w in weights.items()}
 
@@ -73,10 +74,12 @@ def rule_broken(name: str, error: ValueError) -> str:
 
 
 def _text_suffixes(suffixes):
-    if any(not x.startswith(".") for x in ([suffixes] if isinstance(suffixes, str) else suffixes)) or not suffixes:
+    """A text source's ``suffixes``: endings with their dot, of text files (records are read by their own suffix)."""
+    endings = [suffixes] if isinstance(suffixes, str) else suffixes
+    if not endings or any(not x.startswith(".") for x in endings):
         raise ValueError(f"suffixes must list the endings of the files read as documents, each with its dot (e.g. "
                          f"[.py, .c]), got {suffixes!r}")
-    if set([suffixes] if isinstance(suffixes, str) else suffixes) & set(RECORD_SUFFIXES):
+    if set(endings) & set(RECORD_SUFFIXES):
         raise ValueError("suffixes name text files; .json, .jsonl and .parquet files are read as records (their "
                          "`field`)")
     return suffixes
