@@ -322,6 +322,7 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
             hidden_states = self.fuse(target_hidden_states)
         elif self.config.norm_output:  # EAGLE 3.1 post-norm feedback: the next step reads norm(h)
             hidden_states = self.norm(hidden_states)
+        assert hidden_states is not None  # exactly one of the two was given (checked above)
         if inputs_embeds is None:
             if not self._embedding_from_target and self._embedding_missing:
                 raise RuntimeError(

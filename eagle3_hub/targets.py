@@ -224,7 +224,7 @@ def resolve_target(name: str | None, gguf_file: str | None = None) -> tuple[str,
     """(path or repo id, gguf file) for a target spec; ``None`` or ``smollm2-135m-instruct`` is the embedded one,
     a key of ``NAMED_TARGETS`` (``gemma-3-270m``) a target assembled from its package."""
     check_model_path(name)
-    if is_embedded(name):
+    if name is None or is_embedded(name):
         return str(_converted_gguf(embedded_gguf_dir(), EMBEDDED_GGUF)), None
     if gguf_file is None and named_target(name) is not None:
         return str(_named_target_folder(name)), None

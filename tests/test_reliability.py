@@ -92,7 +92,8 @@ def test_a_recipe_flag_without_a_value_is_refused(tmp_path, capsys):
     ("train:\n  group_by_length: \"yes\"\n", "train.group_by_length must be true or false (default true), got \"yes\""),
     ("data:\n  max_new_tokens: many\n", "data.max_new_tokens must be a positive integer (default 384), got \"many\""),
     ("data:\n  temperature: -1\n", "data.temperature must be a non-negative number"),
-    ("data:\n  regenerate_with: 3\n", "data.regenerate_with must be a string (default \"auto\"), got 3"),
+    ("data:\n  regenerate_with: 3\n",
+     "data.regenerate_with must be one of auto, tree, generate, same_forward (default \"auto\"), got 3"),
     ("lora:\n  dropout: 1.5\n", "lora.dropout must be a number in [0, 1)"),
     ("stages:\n  - train:\n      lr: true\n", "stage 2: train.lr must be a positive number"),
 ])

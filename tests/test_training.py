@@ -899,7 +899,7 @@ def foreign_draft(tmp_path_factory):
     ("unknown_key", "Unknown recipe key `train.learning_rate`"),
     ("zero_steps", r"train\.ttt_steps=0"),
     ("openers_not_a_list", "data.synthesize_openers must be a list of strings"),
-    ("eval_not_a_bool", "`eval` of the data source .* must be true or false"),
+    ("eval_not_a_bool", r"data.sources\[0\].eval must be true or false \(default true\), got \"no\""),
     ("reselect_without_draft", "draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from"),
     ("reselect_not_a_bool", "draft.reselect_vocab must be true or false"),
     ("reuse_not_a_list", "features.reuse_from must be a list of earlier runs' work_dirs"),
@@ -923,8 +923,6 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tin
         sources = []
     elif case == "no_template":
         target = no_template_target
-    elif case == "eval_not_a_bool":
-        sources = [{"path": str(data_dir / "sharegpt.jsonl"), "eval": "no"}]
     elif case in ("stage_not_continuing", "stage_same_work_dir"):
         # a later stage that starts from another draft than stage 1's, or that would share its work_dir
         init = str(foreign_draft) if case == "stage_not_continuing" else str(tmp_path / "work" / "draft")
@@ -939,6 +937,7 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tin
                  "unknown_key": ["--train.learning_rate", "0.1"],
                  "zero_steps": ["--train.ttt_steps", "0"],
                  "openers_not_a_list": ["--data.synthesize_openers", "Write"],
+                 "eval_not_a_bool": ["--data.sources", f"[{{path: {data_dir / 'sharegpt.jsonl'}, eval: no}}]"],
                  "reselect_without_draft": ["--draft.reselect_vocab", "true"],
                  "reselect_not_a_bool": ["--draft.reselect_vocab", "maybe"],
                  "reuse_not_a_list": ["--features.mode", "offline", "--features.reuse_from", "runs/stage1"],

@@ -99,7 +99,7 @@ def test_a_text_source_reads_code_files_when_it_names_their_endings(tmp_path):
 
 
 @pytest.mark.parametrize("source, says", [
-    ({"kind": "txt"}, "kind must be chat .* or text"),
+    ({"kind": "txt"}, r"data source '.*': kind must be one of chat, text \(default \"chat\"\), got \"txt\""),
     ({"opening_chars": 100}, "opening_chars belong to documents: add `kind: text`"),
     ({"kind": "text", "max_chars": 0}, "max_chars must be a positive integer"),
     ({"kind": "text", "field": "body"}, "reads each record's `body` field, but its fields are text, url"),
@@ -119,7 +119,7 @@ def test_a_recipe_with_an_unknown_source_kind_is_refused_when_read(tmp_path):
     from eagle3_hub.training.recipe import load_recipe
 
     (tmp_path / "r.yaml").write_text("data:\n  sources:\n    - {path: docs, kind: txt}\n")
-    with pytest.raises(ValueError, match="data.sources must be a list of sources.*`kind` is chat .* or text"):
+    with pytest.raises(ValueError, match=r'r.yaml: data.sources\[0\].kind must be one of chat, text \(default "chat"\), got "txt"'):
         load_recipe(tmp_path / "r.yaml")
     assert load_recipe(None, {"data": {"sources": ["a.jsonl", {"path": "docs", "kind": "text"}]}})
 

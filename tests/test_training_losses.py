@@ -182,7 +182,8 @@ def test_draft_keys_of_the_recipe_reach_the_new_drafts_config(tmp_path, tiny_tar
     assert {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"} <= set(weights)
     assert not torch.equal(weights["fc_norm.0.weight"].float(), torch.ones(weights["fc_norm.0.weight"].shape))  # trained
 
-    with pytest.raises(KeyError, match=r"Unknown recipe key `draft.fc_nrm`. Known keys: .*draft.fc_norm"):
+    with pytest.raises(KeyError, match=r"Unknown recipe key `draft.fc_nrm` \(did you mean `draft.fc_norm`\?\)\. Known keys: "
+                                       r".*draft.fc_norm"):
         load_recipe(None, {"draft": {"fc_nrm": True}})
     with pytest.raises(KeyError, match=r"Unknown recipe key `draft.hidden_size`"):  # the target's, not the recipe's
         load_recipe(None, {"draft": {"hidden_size": 32}})

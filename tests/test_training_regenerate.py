@@ -123,7 +123,7 @@ def test_the_regeneration_draft_is_chosen_and_checked_before_any_model_loads(tmp
     assert regeneration_draft("auto", "someone/draft-repo", None) == "someone/draft-repo"  # a Hub id
     with pytest.raises(ValueError, match="data.regenerate_with: tree needs an EAGLE-3 draft"):
         regeneration_draft("tree", None, str(tmp_path))
-    with pytest.raises(ValueError, match="must be one of auto, tree, generate, same_forward, got 'fast'"):
+    with pytest.raises(ValueError, match='must be one of auto, tree, generate, same_forward \\(default "auto"\\), got "fast"'):
         regeneration_draft("fast", None, None)
     with pytest.raises(FileNotFoundError, match="no config.json there"):
         regeneration_draft("auto", str(tmp_path), None)
@@ -220,10 +220,13 @@ def test_sampled_answers_of_kept_prompts_stay_beside_their_greedy_answers(tmp_pa
 
 
 @pytest.mark.parametrize("bad, says", [
-    ({"temperature": -1}, "temperature >= 0"),
-    ({"temperature": 1, "top_p": 0}, "0 < top_p <= 1"),
-    ({"temperature": "hot"}, "temperature must be a number"),
-    ({"temp": 1}, "mapping of temperature, top_p and share"),
+    ({"temperature": -1}, r"data.answer_sampling\[0\].temperature must be a non-negative number \(default 0.0\), got -1"),
+    ({"temperature": 1, "top_p": 0}, r"data.answer_sampling\[0\].top_p must be a number in \(0, 1\] \(default 1.0\), got 0"),
+    ({"temperature": "hot"}, "temperature must be a non-negative number"),
+    ({"temperature": float("inf")}, "temperature must be a non-negative number .*got Infinity"),
+    ({"share": float("nan")}, "share must be a positive number .*got NaN"),
+    ({"temp": 1}, r"data.answer_sampling\[0\] has no key `temp` \(did you mean `temperature`\?\): its keys are "
+                  "temperature, top_p, share"),
 ])
 def test_bad_answer_sampling_is_named(bad, says):
     from eagle3_hub.training.generation import answer_settings

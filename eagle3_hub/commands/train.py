@@ -2,6 +2,7 @@
 
     eagle3-hub train --config recipes/smollm2-135m-instruct.yaml [--train.lr 3e-4 ...] [--resume | --overwrite]
                      [--from-stage N] [--data-only]
+    eagle3-hub train --show-recipe-schema     # every recipe key: its type, default and meaning
     accelerate launch --config_file recipes/accelerate/ddp.yaml -m eagle3_hub.commands.train --config ...
 """
 
@@ -24,12 +25,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--data-only", action="store_true",
                         help="prepare the data (the target's answers, tokenised, with generation_report.json) in "
                              "work_dir/data and stop: train later, or elsewhere, from the same work_dir")
+    parser.add_argument("--show-recipe-schema", action="store_true",
+                        help="print every recipe key (its type, default and meaning) as a recipe of the defaults, and stop")
     parser.set_defaults(accepts_overrides=True, overrides=[])  # --section.key VALUE pairs, e.g. --train.lr 3e-4
 
 
 def run(args) -> int:
     """Bad input raises (``eagle3_hub.cli`` prints it as one line, exit 2); a failed upload after training exits 1.
     After each stage that trained: its model card, and the upload when the recipe names ``push_to_hub``."""
+    if args.show_recipe_schema:  # reads the schema only: no torch, no model
+        from ..training.recipe_docs import schema_text
+
+        print(schema_text(), end="")
+        return 0
     from ..hub import HubPushError
     from ..publish import after_training
     from ..training.recipe import parse_overrides

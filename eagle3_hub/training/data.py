@@ -21,6 +21,7 @@ from ..atomic import atomic_write_json
 from ..benchmark.options import SAME_FORWARD
 from ..repetition import LOOP_NGRAM, loop_start, repeated_ngram_share
 from .generation import answer_settings, fitting_draft, regenerate, regeneration_draft, synthesize_prompts
+from .recipe_schema import validate_key
 from .sources import DataError, dedupe, load_source, prompt_key
 
 GENERATION_REPORT = "generation_report.json"  # in build_conversations' work_dir, next to the data report
@@ -61,9 +62,10 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
     ``max_repeat_share`` (``data.max_repeat_share``): see ``cut_loops``, applied to the assembled data, so the caches
     keep the target's raw answers and another value needs no generation. The answers' loop share, and what was cut
     or dropped, go to the generation report's ``loops``."""
-    share_ok = isinstance(max_repeat_share, (int, float)) and not isinstance(max_repeat_share, bool)
-    if max_repeat_share is not None and not (share_ok and 0 < max_repeat_share <= 1):
-        raise DataError(f"data.max_repeat_share must be a number in (0, 1] or null, got {max_repeat_share!r}")
+    try:
+        validate_key("data.max_repeat_share", max_repeat_share)
+    except ValueError as e:
+        raise DataError(str(e)) from None
     work_dir = Path(work_dir)
     settings = answer_settings(answer_sampling)
     draft_path = regeneration_draft(regenerate_with, regenerate_draft, target_name)

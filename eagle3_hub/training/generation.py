@@ -35,10 +35,9 @@ from ..benchmark.options import SAME_FORWARD
 from ..generation.tree import generate, load_draft
 from ..generation.tree.same_forward import same_forward_generate
 from ..targets import reference_draft
+from .recipe_schema import validate_key
 from .sources import DataError, prompt_key
 from .tokenise import user_prefix
-
-REGENERATE_WITH = ("auto", "tree", "generate", SAME_FORWARD)
 
 
 def regeneration_draft(regenerate_with: str = "auto", regenerate_draft: str | None = None,
@@ -49,8 +48,7 @@ def regeneration_draft(regenerate_with: str = "auto", regenerate_draft: str | No
     ``generate`` and ``same_forward``: None. ``tree``: ``regenerate_draft``, else the reference draft shipped for ``target_name`` (the
     recipe's ``target.name``; None is the embedded target), else a ValueError. ``auto``: the same, None where
     neither exists."""
-    if regenerate_with not in REGENERATE_WITH:
-        raise ValueError(f"data.regenerate_with must be one of {', '.join(REGENERATE_WITH)}, got {regenerate_with!r}")
+    validate_key("data.regenerate_with", regenerate_with)
     if regenerate_with in ("generate", SAME_FORWARD):
         return None
     if regenerate_draft is not None:
@@ -209,22 +207,17 @@ class AnswerSetting:
 
 
 def answer_settings(spec) -> list[AnswerSetting]:
-    """``data.answer_sampling`` (a list of ``{temperature, top_p, share}``) -> settings; one line names a bad entry."""
+    """``data.answer_sampling`` (a list of ``{temperature, top_p, share}``) -> settings; one line names a bad entry
+    (the recipe schema's rule)."""
     if spec is None:
         return []
-    if not isinstance(spec, (list, tuple)):
-        raise DataError(f"data.answer_sampling must be a list of {{temperature, top_p, share}}, got {spec!r}")
+    try:
+        validate_key("data.answer_sampling", spec)
+    except ValueError as e:
+        raise DataError(str(e)) from None
     out = []
-    for n, entry in enumerate(spec):
-        if not isinstance(entry, dict) or set(entry) - {"temperature", "top_p", "share"}:
-            raise DataError(f"data.answer_sampling[{n}] must be a mapping of temperature, top_p and share, got {entry!r}")
+    for entry in spec:
         t, top_p, share = entry.get("temperature", 0.0), entry.get("top_p", 1.0), entry.get("share", 1.0)
-        for name, v in (("temperature", t), ("top_p", top_p), ("share", share)):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v != v:
-                raise DataError(f"data.answer_sampling[{n}].{name} must be a number, got {v!r}")
-        if t < 0 or not 0 < top_p <= 1 or share <= 0:
-            raise DataError(f"data.answer_sampling[{n}]: temperature >= 0, 0 < top_p <= 1 and share > 0 wanted, "
-                            f"got {entry!r}")
         out.append(AnswerSetting(float(t), float(top_p) if t > 0 else 1.0, float(share)))
     return out
 

@@ -21,28 +21,20 @@ renormalised, since the target's mass outside the draft vocabulary can never be 
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-LOSSES = ("kl", "lk", "lk_log", "lk_hybrid")
+from .recipe_schema import LOSSES, loss_weights, rule_broken
+
 _ALPHA_FLOOR = 1e-6  # -log alpha stays finite where the two distributions do not overlap
 
 
 def parse_loss(spec) -> dict[str, float]:
-    """``train.loss`` -> {name: weight}: a name, or a mapping of names to non-negative weights (not all zero)."""
-    example = "e.g. `loss: lk_log` or `loss: {kl: 0.5, lk_log: 0.5}`"
-    weights = {spec: 1.0} if isinstance(spec, str) else spec
-    if not isinstance(weights, dict) or not weights:
-        raise ValueError(f"train.loss must name a loss ({', '.join(LOSSES)}) or weigh several ({example}), got {spec!r}")
-    unknown = [name for name in weights if name not in LOSSES]
-    if unknown:
-        raise ValueError(f"train.loss: unknown loss {unknown[0]!r}; choose from {', '.join(LOSSES)} ({example})")
-    bad = {k: w for k, w in weights.items() if isinstance(w, bool) or not isinstance(w, (int, float))
-           or not math.isfinite(w) or w < 0}
-    if bad or not sum(weights.values()):
-        raise ValueError(f"train.loss weights must be non-negative numbers, not all zero ({example}), got {spec!r}")
-    return {name: float(w) for name, w in weights.items()}
+    """``train.loss`` -> {name: weight}: a name, or a mapping of names to non-negative weights (not all zero); the
+    rule is the recipe schema's."""
+    try:
+        return loss_weights(spec)
+    except ValueError as e:
+        raise ValueError(rule_broken("train.loss", e)) from None
 
 
 def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:

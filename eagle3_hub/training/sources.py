@@ -23,6 +23,7 @@ except ModuleNotFoundError as e:
     raise missing_extra("train", e) from None
 
 from .presets import PRESETS
+from .recipe_schema import RECORD_SUFFIXES, TEXT_KEYS, Source, defaults, validate_source
 
 logger = logging.getLogger(__name__)
 
@@ -36,17 +37,8 @@ class DataError(ValueError):
     """Bad or empty training data: the message says what was expected."""
 
 
-SOURCE_KINDS = ("chat", "text")
-RECORD_SUFFIXES = (".json", ".jsonl", ".parquet")  # local files read as records, whatever a source's kind
-TEXT_SUFFIXES = (".txt", ".md")  # a local `kind: text` source reads each such file as one document (`suffixes`: others)
-# A document's sample opens with about this many characters (a sentence or two, ~50 tokens) as the user turn: the
-# rest carries the loss, and an opening gives the draft a start to continue from, as a base model's prompt does.
-TEXT_OPENING_CHARS = 200
-# Longer documents are cut into pieces of at most this many characters, each a sample of its own (~500 tokens of
-# English, within data.max_length's default of 1024; set it near 4 x data.max_length so little is truncated).
-TEXT_MAX_CHARS = 2000
-TEXT_OPTIONS = {"opening_chars": TEXT_OPENING_CHARS, "max_chars": TEXT_MAX_CHARS, "field": "text",
-                "suffixes": list(TEXT_SUFFIXES)}
+TEXT_OPTIONS = {k: v for k, v in defaults(Source).items() if k in TEXT_KEYS}  # the defaults of a text source's keys
+TEXT_OPENING_CHARS, TEXT_MAX_CHARS = TEXT_OPTIONS["opening_chars"], TEXT_OPTIONS["max_chars"]
 
 
 def normalise_example(example: dict) -> dict:
@@ -85,35 +77,17 @@ def source_spec(source: str | dict) -> dict:
 
 def text_options(spec: dict) -> dict | None:
     """Pop a source's ``kind`` and the options of a ``kind: text`` source from ``spec``: those options (defaults
-    filled in) for a text source, None for a chat one; one line names a bad value."""
+    filled in) for a text source, None for a chat one; one line names a bad value (the recipe schema's ``Source``)."""
+    try:
+        validate_source(spec, f"data source {spec.get('path')!r}: ")
+    except ValueError as e:
+        raise DataError(str(e)) from None
     kind = spec.pop("kind", "chat")
-    if kind not in SOURCE_KINDS:
-        raise DataError(f"data source {spec.get('path')!r}: kind must be chat (conversations, prompts) or text "
-                        f"(documents), got {kind!r}")
-    given = {k: spec.pop(k) for k in TEXT_OPTIONS if k in spec}
+    options = {**TEXT_OPTIONS, **{k: spec.pop(k) for k in TEXT_OPTIONS if k in spec}}
     if kind == "chat":
-        if given:
-            raise DataError(f"data source {spec.get('path')!r}: {', '.join(given)} belong to documents: add `kind: text`")
         return None
-    options = {**TEXT_OPTIONS, **given}
-    for key in ("opening_chars", "max_chars"):
-        v = options[key]
-        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-            raise DataError(f"data source {spec.get('path')!r}: {key} must be a positive integer "
-                            f"(default {TEXT_OPTIONS[key]}), got {v!r}")
-    if not isinstance(options["field"], str):
-        raise DataError(f"data source {spec.get('path')!r}: field must be the name of the records' text field, "
-                        f"got {options['field']!r}")
     suffixes = options["suffixes"]
-    if isinstance(suffixes, str):
-        suffixes = [suffixes]
-    if not (isinstance(suffixes, list) and suffixes and all(isinstance(x, str) and x.startswith(".") for x in suffixes)):
-        raise DataError(f"data source {spec.get('path')!r}: suffixes must list the endings of the files read as "
-                        f"documents, each with its dot (e.g. [.py, .c]), got {suffixes!r}")
-    if set(suffixes) & set(RECORD_SUFFIXES):
-        raise DataError(f"data source {spec.get('path')!r}: suffixes name text files; .json, .jsonl and .parquet "
-                        f"files are read as records (their `{options['field']}` field)")
-    options["suffixes"] = tuple(suffixes)
+    options["suffixes"] = (suffixes,) if isinstance(suffixes, str) else tuple(suffixes)
     return options
 
 

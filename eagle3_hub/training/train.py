@@ -48,8 +48,8 @@ from .evaluation import MASKED_CHECK_STEPS, check_masked_share, evaluate, masked
 from .export import export_draft, training_metrics
 from .features import TrainingFeatures
 from .generation import regeneration_draft
-from .losses import parse_loss
 from .models import build_draft, draft_aux_ids, load_checked_target, load_continued_draft
+from .recipe_schema import validate
 from .sources import DataError
 from .splits import prepare_data
 from .throughput import Throughput, matmul_peak, model_flops_per_token
@@ -58,8 +58,8 @@ from .vocab import prepare_vocab
 
 
 def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only: bool = False) -> Path:
-    """Run a recipe (see ``recipe.DEFAULTS`` and recipes/README.md) and return the draft folder; ``data_only``: stop
-    after the data (generated, tokenised, with its reports in work_dir/data) and return that folder.
+    """Run a recipe (its keys: ``recipe_schema.Recipe``; recipes/README.md) and return the draft folder;
+    ``data_only``: stop after the data (generated, tokenised, with its reports in work_dir/data) and return that folder.
 
     Bad input (recipe values, target, draft vocabulary size, aux layers, an existing draft that does not fit,
     missing chat template, empty or malformed data) raises before anything is written to work_dir. With
@@ -142,49 +142,23 @@ class Progress:
 
 
 def check_recipe(recipe: dict) -> None:
-    """Checks that need no model, made before anything is loaded or written."""
-    t, d, data = recipe["train"], recipe["draft"], recipe["data"]
+    """Checks that need no model, made before anything is loaded or written: every value against the schema
+    (``recipe_schema``), then what the keys must be together."""
+    validate(recipe)
+    d, data = recipe["draft"], recipe["data"]
     regeneration_draft(data["regenerate_with"], data["regenerate_draft"], recipe["target"]["name"])  # bad values fail early
-    if recipe["features"]["mode"] not in ("online", "offline"):
-        raise ValueError(f"features.mode must be `online` or `offline`, got {recipe['features']['mode']!r}")
-    reuse = recipe["features"]["reuse_from"]
-    if not isinstance(reuse, list) or not all(isinstance(p, str) for p in reuse):
-        raise ValueError(f"features.reuse_from must be a list of earlier runs' work_dirs, got {reuse!r}")
-    if reuse and recipe["features"]["mode"] != "offline":
+    if recipe["features"]["reuse_from"] and recipe["features"]["mode"] != "offline":
         raise ValueError("features.reuse_from copies offline features: set features.mode: offline, or remove it.")
     if recipe["lora"]["enabled"] and not d["init_from"]:
         raise ValueError("lora.enabled adapts an existing draft: set draft.init_from to its folder or Hub id.")
-    if not isinstance(d["reselect_vocab"], bool):
-        raise ValueError(f"draft.reselect_vocab must be true or false, got {d['reselect_vocab']!r}")
     if d["reselect_vocab"] and not d["init_from"]:
         raise ValueError("draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from: set "
                          "init_from, or leave reselect_vocab false (a new draft always takes its vocabulary from the data).")
     if d["reselect_vocab"] and recipe["lora"]["enabled"]:
         raise ValueError("draft.reselect_vocab changes the draft's lm_head, but LoRA adapters are saved for the draft "
                          "as it is: turn one of them off.")
-    positive = ["ttt_steps", "batch_size", "grad_accum", "save_every", "eval_every", "log_every", "keep_checkpoints", "epochs"]
-    bad = [f"train.{k}={t[k]!r}" for k in positive if isinstance(t[k], bool) or not isinstance(t[k], int) or t[k] < 1]
-    if t["max_steps"] is not None and (not isinstance(t["max_steps"], int) or t["max_steps"] < 1):
-        bad.append(f"train.max_steps={t['max_steps']!r}")
-    if data["seed"] is not None and (isinstance(data["seed"], bool) or not isinstance(data["seed"], int)):
-        bad.append(f"data.seed={data['seed']!r}")
-    if not isinstance(data["max_length"], int) or data["max_length"] < 4:
-        bad.append(f"data.max_length={data['max_length']!r}")
-    if bad:
-        raise ValueError(f"Expected positive integers: {', '.join(bad)}")
-    parse_loss(t["loss"])
-    if isinstance(t["lk_eta"], bool) or not isinstance(t["lk_eta"], (int, float)) or not t["lk_eta"] >= 0:
-        raise ValueError(f"train.lk_eta must be a non-negative number (the paper's eta: 3), got {t['lk_eta']!r}")
-    if d["draft_vocab_size"] is not None and (not isinstance(d["draft_vocab_size"], int) or d["draft_vocab_size"] < 1):
-        raise ValueError(f"draft.draft_vocab_size must be a positive integer or null, got {d['draft_vocab_size']!r}")
     if not data["sources"] and not data["synthesize"]:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
-    openers = data["synthesize_openers"]
-    if not isinstance(openers, list) or not all(isinstance(o, str) for o in openers):
-        raise ValueError(f"data.synthesize_openers must be a list of strings (e.g. [\"Write\", \"Explain\", \"\"]), got {openers!r}")
-    for src in data["sources"]:
-        if isinstance(src, dict) and not isinstance(src.get("eval", True), bool):
-            raise ValueError(f"`eval` of the data source {src.get('path')!r} must be true or false, got {src['eval']!r}")
 
 
 def resolve_mixed_precision(mixed_precision: str) -> str:

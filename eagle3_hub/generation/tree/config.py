@@ -107,34 +107,35 @@ class TreeConfig:
         clear ``ValueError`` per problem."""
         defaults = tree_defaults(device, dtype, do_sample, batch)
         graph = device.type == "cuda" if self.draft_graph is None else self.draft_graph
+        min_p = (0.0 if graph else defaults["min_node_prob"]) if self.min_node_prob is None else self.min_node_prob
+        grow_p = (0.0 if graph else defaults["grow_min_prob"]) if self.grow_min_prob is None else self.grow_min_prob
         c = TreeConfig(
-            depth=defaults["depth"] if self.depth is None else self.depth,
-            tree_top_k=defaults["top_k"] if self.tree_top_k is None else self.tree_top_k,
-            total_tokens=defaults["total_tokens"] if self.total_tokens is None else self.total_tokens,
-            lookup_tokens=(0 if do_sample else defaults["lookup_tokens"]) if self.lookup_tokens is None
+            depth=int(defaults["depth"]) if self.depth is None else self.depth,
+            tree_top_k=int(defaults["top_k"]) if self.tree_top_k is None else self.tree_top_k,
+            total_tokens=int(defaults["total_tokens"]) if self.total_tokens is None else self.total_tokens,
+            lookup_tokens=(0 if do_sample else int(defaults["lookup_tokens"])) if self.lookup_tokens is None
             else self.lookup_tokens,
-            min_node_prob=(0.0 if graph else defaults["min_node_prob"]) if self.min_node_prob is None
-            else self.min_node_prob,
-            grow_min_prob=(0.0 if graph else defaults["grow_min_prob"]) if self.grow_min_prob is None
-            else self.grow_min_prob,
+            min_node_prob=min_p,
+            grow_min_prob=grow_p,
             draft_graph=graph,
             adaptive=(self.depth is None and self.tree_top_k is None and self.total_tokens is None)
             if self.adaptive is None else self.adaptive,
         )
         c._check(draft_vocab, do_sample)
-        return replace(c, min_node_prob=float(c.min_node_prob), grow_min_prob=float(c.grow_min_prob),
-                       draft_graph=bool(c.draft_graph), adaptive=bool(c.adaptive))
+        return replace(c, min_node_prob=float(min_p), grow_min_prob=float(grow_p), draft_graph=bool(c.draft_graph),
+                       adaptive=bool(c.adaptive))
 
     def _check(self, draft_vocab: int, do_sample: bool):
         for name in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob"):
             check_setting(name, getattr(self, name))
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True, False or None (None: on unless a shape is given), got {self.adaptive!r}")
-        k, depth = self.tree_top_k, self.depth
+        k, depth, total = self.tree_top_k, self.depth, self.total_tokens
+        assert k is not None and depth is not None and total is not None  # positive integers (checked above)
         if k > draft_vocab:
             raise ValueError(f"tree_top_k={k} exceeds the draft vocabulary ({draft_vocab} tokens)")
         pool = k + (depth - 1) * k * k
-        if self.total_tokens > pool:
+        if total > pool:
             raise ValueError(
                 f"total_tokens={self.total_tokens} is larger than the {pool} candidates a tree of depth={depth} and "
                 f"tree_top_k={k} proposes (top_k + (depth - 1) * top_k**2): lower total_tokens or raise depth/top_k."

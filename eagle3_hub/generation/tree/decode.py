@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -20,6 +21,9 @@ from .drafting import Drafter
 from .lookup import PromptLookup
 from .outputs import PhaseClock, TreeDecodingStats
 from .verification import Tree, Verifier
+
+if TYPE_CHECKING:
+    from .oracle import TargetProposer
 
 
 class TreeDecoder:
@@ -35,7 +39,7 @@ class TreeDecoder:
         self.stats = TreeDecodingStats(tree=config.as_stats())
         self.clock = PhaseClock(self.stats, self.device)
         self.verifier = Verifier(target, draft.config.aux_layer_ids, self.stats, self.clock)
-        self.drafter = Drafter(draft, target, config, self.stats)
+        self.drafter: Drafter | TargetProposer = Drafter(draft, target, config, self.stats)  # or the target's proposer
         self.target, self.draft = target, draft
         self.controller: TreeController | None = None
 
