@@ -163,19 +163,41 @@ def test_the_docs_hold_blocks_that_run():
     assert len([b for b in _runnable(doc_blocks()) if b.skip_reason is None]) >= 6
 
 
+def run_block(block: Block, tmp_path: Path) -> subprocess.CompletedProcess | None:
+    """Run a python or bash block as a reader would paste it: a fresh interpreter (the script's own folder, not the
+    working folder, is on its path) or ``bash -e``; None when it ran past ``BLOCK_TIMEOUT_S``."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / ("block.py" if RUNNERS[block.lang] == "python" else "block.sh")
+    script.write_text(block.code)
+    command = [sys.executable, str(script)] if RUNNERS[block.lang] == "python" else ["bash", "-e", str(script)]
+    try:
+        return subprocess.run(command, cwd=_work_dir(tmp_path), env=_env(tmp_path), capture_output=True, text=True,
+                              timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def test_a_block_runs_fresh_and_offline_in_a_folder_that_sees_the_repository(tmp_path):
+    seen = Block("x.md", 1, "python", "import os, sys\nassert os.environ['HF_HUB_OFFLINE'] == '1'\n"
+                 "assert 'eagle3_hub' not in sys.modules and 'torch' not in sys.modules\n"
+                 "assert os.path.isfile('recipes/smollm2-135m-instruct.yaml')\nopen('written.txt', 'w').write('x')\n")
+    done = run_block(seen, tmp_path / "python")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "python" / "work" / "written.txt").is_file() and not (ROOT / "written.txt").exists()
+    ours = run_block(Block("x.md", 1, "bash", "python -c 'import sys; print(sys.executable)'\n"), tmp_path / "bash")
+    assert ours.returncode == 0 and os.path.dirname(ours.stdout.strip()) == os.path.dirname(sys.executable), ours.stderr
+    # a failing command stops a bash block (bash -e) and fails it; so does a python block that raises
+    stopped = run_block(Block("x.md", 1, "bash", "false\necho never\n"), tmp_path / "stop")
+    assert stopped.returncode != 0 and "never" not in stopped.stdout
+    assert run_block(Block("x.md", 1, "python", "raise ValueError('no')\n"), tmp_path / "raise").returncode != 0
+
+
 # ----------------------------------------------------------------------------------------- the blocks
 @pytest.mark.parametrize("block", [_param(b) for b in _runnable(doc_blocks())])
 def test_doc_block_runs_as_written(block: Block, tmp_path):
     if any(word in block.code for word in REAL_MODEL_WORDS):
         _needs_embedded_target()
-    script = tmp_path / ("block.py" if RUNNERS[block.lang] == "python" else "block.sh")
-    script.write_text(block.code)
-    command = [sys.executable, str(script)] if RUNNERS[block.lang] == "python" else ["bash", "-e", str(script)]
-    try:
-        done = subprocess.run(command, cwd=_work_dir(tmp_path), env=_env(tmp_path), capture_output=True, text=True,
-                              timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired:
-        done = None
+    done = run_block(block, tmp_path)
     if done is None:
         pytest.fail(f"{block.id} ran past {BLOCK_TIMEOUT_S} s: shorten it (fewer tokens, questions) or make its first "
                     "line `# docs-test: skip, runs for about N minutes`", pytrace=False)
@@ -204,14 +226,31 @@ def _recipe_blocks() -> list[Block]:
     return shown
 
 
-@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in _recipe_blocks()])
-def test_doc_recipe_loads(block: Block, tmp_path, monkeypatch):
-    """A recipe in the docs has only keys the loader knows, with values it accepts (stages included)."""
+def recipe_error(block: Block, tmp_path: Path) -> str | None:
+    """Why the recipe of a yaml block does not load (keys, values, stages), or None; relative work_dirs resolve in
+    ``tmp_path``."""
     from eagle3_hub.training.recipe import load_recipe, load_stages
 
-    monkeypatch.chdir(tmp_path)  # relative work_dirs resolve in a fresh folder
     (tmp_path / "recipe.yaml").write_text(block.code)
+    cwd = os.getcwd()
+    os.chdir(tmp_path)
     try:
         load_stages(load_recipe(tmp_path / "recipe.yaml"))
     except (KeyError, ValueError) as e:
-        pytest.fail(f"{block.id}: the recipe does not load: {e}", pytrace=False)
+        return str(e)
+    finally:
+        os.chdir(cwd)
+    return None
+
+
+def test_a_recipe_block_with_a_wrong_key_or_value_is_caught(tmp_path):
+    assert recipe_error(Block("x.md", 1, "yaml", "train: {lr: 1.0e-4, epochs: 2}\n"), tmp_path) is None
+    assert "train.lrr" in recipe_error(Block("x.md", 1, "yaml", "train: {lrr: 1.0e-4}\n"), tmp_path)
+    assert "train.epochs" in recipe_error(Block("x.md", 1, "yaml", "train: {epochs: two}\n"), tmp_path)
+
+
+@pytest.mark.parametrize("block", [pytest.param(b, id=b.id) for b in _recipe_blocks()])
+def test_doc_recipe_loads(block: Block, tmp_path):
+    """A recipe in the docs has only keys the loader knows, with values it accepts (stages included)."""
+    error = recipe_error(block, tmp_path)
+    assert error is None, f"{block.id}: the recipe does not load: {error}"
