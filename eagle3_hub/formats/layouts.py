@@ -153,7 +153,21 @@ def _llama_kwargs(layer: dict, source: str) -> dict:
     dtype = layer.get("dtype") or layer.get("torch_dtype")
     if dtype:
         kwargs["dtype"] = dtype
+    kwargs.update(_attention_kinds(layer))
     return kwargs
+
+
+def _attention_kinds(layer: dict) -> dict:
+    """``layer_types`` / ``sliding_window`` (Eagle3Config's names) of a draft layer config: speculators 0.9 writes
+    ``layer_types`` (its trainer's default: every layer ``sliding_attention``, window 2048); Mistral-style configs
+    give only ``sliding_window``, which then applies to every layer unless ``use_sliding_window`` is false."""
+    window = layer.get("sliding_window")
+    types = layer.get("layer_types")
+    if not types and window and layer.get("use_sliding_window", True):
+        types = ["sliding_attention"] * int(layer.get("num_hidden_layers", 1))
+    if not types or "sliding_attention" not in types:
+        return {}
+    return {"layer_types": list(types), "sliding_window": window}
 
 
 def aux_layer_ids_in_config(config: dict, source: str = "this checkpoint") -> list[int] | None:

@@ -1,0 +1,84 @@
+"""Runs in the peers' side environment (tests/peers/setup_venv.sh): speculators 0.9.0's own code, driven by
+tests/test_peers.py as a subprocess. One job per call: ``python speculators_side.py JOB.json``, where the job is
+
+    {"do": "train_default", "verifier": DIR, "out": DIR, "draft_vocab_ids": [...], "options": {...}}
+        the draft speculators' trainer builds (``speculators.train.cli.build_draft_model`` with its TrainConfig
+        defaults, ``options`` overriding DraftArgs fields), its weights randomised by a seed, saved with its
+        ``save_pretrained``;
+    {"do": "forward", "draft": DIR, "features": FILE, "out": FILE}
+        ``SpeculatorModel.from_pretrained(DIR)`` and one step of its forward (``ttt_steps=1``) on the features file's
+        ``hidden_states`` (1, s, 3H) and ``input_ids`` (1, s); writes the step's logits and argmax, and with
+        ``"save": DIR`` the loaded model again with its ``save_pretrained``.
+
+Prints one JSON line with what it did. Everything runs on the CPU with eager attention (flex attention's CPU path
+is not what is under test).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file
+
+
+def train_default(job: dict) -> dict:
+    from speculators.models.eagle3 import Eagle3DraftModel
+    from speculators.train.cli import build_draft_model
+    from speculators.train.config.schema import TrainConfig
+
+    cfg = TrainConfig(verifier={"verifier_name_or_path": job["verifier"]}, draft={"draft_attn_impl": "eager", "mask_token_id": 0, **job.get("options", {})})
+    args = argparse.Namespace(**cfg.flatten())
+    vocab = job.get("verifier_vocab_size")
+    ids = job.get("draft_vocab_ids")
+    d2t = t2d = None
+    if ids is not None:
+        ids = torch.tensor(ids, dtype=torch.long)
+        d2t = ids - torch.arange(len(ids))
+        t2d = torch.zeros(vocab, dtype=torch.bool)
+        t2d[ids] = True
+    torch.manual_seed(job.get("seed", 0))
+    model = build_draft_model(args, Eagle3DraftModel, t2d, d2t, len(ids) if ids is not None else None)
+    with torch.no_grad():  # a trained-looking draft: every trainable tensor random, none left at its init
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn_like(p) * (0.05 if p.dim() > 1 else 0.1) + (1.0 if p.dim() == 1 else 0.0))
+    model.save_pretrained(job["out"])
+    return {"saved": job["out"], "tensors": sorted(model.state_dict())}
+
+
+def forward(job: dict) -> dict:
+    from speculators import SpeculatorModel, SpeculatorModelConfig
+
+    # as speculators' trainer loads --from-pretrained (build_draft_model): the config, its attention, then the weights
+    config = SpeculatorModelConfig.from_pretrained(job["draft"])
+    config.transformer_layer_config._attn_implementation = "eager"  # noqa: SLF001
+    model = SpeculatorModel.from_pretrained(job["draft"], config=config).eval()
+    features = load_file(job["features"])
+    captured = []
+    model.lm_head.register_forward_hook(lambda module, args, out: captured.append(out.detach()))
+    s = features["input_ids"].shape[1]
+    with torch.no_grad():
+        tokens = model(
+            hidden_states=features["hidden_states"].to(model.fc.weight.dtype),
+            input_ids=features["input_ids"],
+            document_ids=torch.zeros(1, s, dtype=torch.long),
+            ttt_steps=1,
+        )
+    save_file({"logits": captured[0].float().contiguous(), "argmax": tokens[0].contiguous()}, job["out"])
+    if job.get("save"):
+        model.save_pretrained(job["save"])
+    return {
+        "class": type(model).__name__,
+        "sliding_window_layers": list(model.sliding_window_indices),
+        "sliding_window": model.sliding_window,
+    }
+
+
+if __name__ == "__main__":
+    with open(sys.argv[1], encoding="utf-8") as f:
+        job = json.load(f)
+    result = {"train_default": train_default, "forward": forward}[job["do"]](job)
+    print(json.dumps(result))
