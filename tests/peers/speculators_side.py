@@ -8,7 +8,9 @@ tests/test_peers.py as a subprocess. One job per call: ``python speculators_side
     {"do": "forward", "draft": DIR, "features": FILE, "out": FILE}
         ``SpeculatorModel.from_pretrained(DIR)`` and one step of its forward (``ttt_steps=1``) on the features file's
         ``hidden_states`` (1, s, 3H) and ``input_ids`` (1, s); writes the step's logits and argmax, and with
-        ``"save": DIR`` the loaded model again with its ``save_pretrained``.
+        ``"save": DIR`` the loaded model again with its ``save_pretrained``;
+    {"do": "fixture", ...train_default's keys}
+        the committed fixture tests/fixtures/peer_exports/speculators-0.9.0-trainer-default (see ``fixture``).
 
 Prints one JSON line with what it did. Everything runs on the CPU with eager attention (flex attention's CPU path
 is not what is under test).
@@ -77,8 +79,24 @@ def forward(job: dict) -> dict:
     }
 
 
+def fixture(job: dict) -> dict:
+    """tests/fixtures/peer_exports/speculators-0.9.0-trainer-default (run from that folder's parent, the tests' tiny
+    Llama saved there as ``tiny-llama``): the trainer's default draft, and one step of its forward on fixed features
+    in ``<folder>.step.safetensors``."""
+    out = job["out"]
+    saved = train_default({**job, "do": "train_default"})
+    g = torch.Generator().manual_seed(1)
+    feats = {"hidden_states": torch.randn(1, 40, 3 * 64, generator=g) * 2.0,
+             "input_ids": torch.randint(3, 256, (1, 40), generator=g)}
+    save_file(feats, out + ".features.safetensors")
+    forward({"draft": out, "features": out + ".features.safetensors", "out": out + ".theirs.safetensors"})
+    step = {**feats, **{k: v for k, v in load_file(out + ".theirs.safetensors").items() if k == "logits"}}
+    save_file(step, out + ".step.safetensors")
+    return saved
+
+
 if __name__ == "__main__":
     with open(sys.argv[1], encoding="utf-8") as f:
         job = json.load(f)
-    result = {"train_default": train_default, "forward": forward}[job["do"]](job)
+    result = {"train_default": train_default, "forward": forward, "fixture": fixture}[job["do"]](job)
     print(json.dumps(result))
