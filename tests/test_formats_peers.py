@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from engine_spec import vllm_problems
 from safetensors.torch import load_file
 from tiny_models import make_tiny_target
 
@@ -107,6 +108,7 @@ def test_vllm_export_carries_the_target_embedding(ours_without_embedding, tmp_pa
     assert config["speculators_config"]["verifier"] == {"name_or_path": "org/tiny-llama",
                                                         "architectures": ["LlamaForCausalLM"]}
     assert config["speculators_version"] == formats.SPECULATORS_VERSION and config["tie_word_embeddings"] is False
+    assert vllm_problems(out, num_target_layers=4) == []  # vLLM loads (and shares) an embedding the draft carries
     back = Eagle3DraftModel.from_pretrained(out)
     assert not back._embedding_missing
     source = load_file(str(ours / "model.safetensors"))  # every other tensor unchanged

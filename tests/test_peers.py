@@ -21,6 +21,8 @@ from eagle3_hub import Eagle3Config, Eagle3DraftModel, formats
 ROOT = Path(__file__).resolve().parent.parent
 SIDE = ROOT / "tests" / "peers" / "speculators_side.py"
 PEERS_PYTHON = Path(os.environ.get("EAGLE3_PEERS_VENV", ROOT / ".venv-peers")) / "bin" / "python"
+if os.environ.get("CI") and not PEERS_PYTHON.exists():  # CI builds it (.ci/run): its absence there is an error
+    raise RuntimeError(f"CI: the peers' side environment {PEERS_PYTHON} is missing; .ci/run builds it first")
 pytestmark = pytest.mark.skipif(
     not PEERS_PYTHON.exists(),
     reason=f"the peers' side environment is absent ({PEERS_PYTHON}): build it with `bash tests/peers/setup_venv.sh` "
