@@ -358,6 +358,18 @@ def _usage_section(repo: str, target: str, config: dict, tree_params: dict | Non
     return "\n".join(out)
 
 
+def _architecture(config: dict) -> str:
+    n = int(config.get("num_hidden_layers") or 1)
+    text = "one Llama-style decoder layer over [token embedding ; fused target features]"
+    if n > 1:
+        text += f", then {n - 1} further Llama decoder layer{'s' if n > 2 else ''}"
+    types = config.get("layer_types") or []
+    if "sliding_attention" in types:
+        text += f"; sliding-window attention ({config.get('sliding_window')} positions) in layers " + ", ".join(
+            str(i) for i, t in enumerate(types) if t == "sliding_attention")
+    return text
+
+
 def _what_section(name: str, target_text: str, config: dict, params: tuple[int | None, bool]) -> str:
     aux = (config.get("eagle_config") or {}).get("eagle_aux_hidden_state_layer_ids")
     vocab, dvocab = config.get("vocab_size"), config.get("draft_vocab_size")
@@ -372,7 +384,7 @@ def _what_section(name: str, target_text: str, config: dict, params: tuple[int |
         "",
         "| | |",
         "|---|---|",
-        "| Architecture | one Llama-style decoder layer over [token embedding ; fused target features] |",
+        f"| Architecture | {_architecture(config)} |",
         f"| Parameters | {_human(params[0])} without the token embedding "
         f"({'stored here as well' if params[1] else 'taken from the target at load time'}) |",
         f"| Hidden size | {config.get('hidden_size')} |",

@@ -19,6 +19,13 @@ Variants (keys and meanings as vLLM, SGLang and speculators read them)
 feature. ``norm_before_fc``: one RMSNorm over the concatenated target features before ``fc`` (tensor
 ``input_norm``). ``fc_norm`` (EAGLE 3.1): one RMSNorm per target feature before ``fc`` (tensors ``fc_norm.{i}``).
 ``norm_output`` (EAGLE 3.1 post-norm feedback): the next draft step reads ``norm(h)`` instead of ``h``.
+
+Decoder layers (transformers' convention, as Gemma-3 and Qwen configs spell it)
+--------------------------------------------------------------------------------
+``num_hidden_layers``: draft decoder layers; the first reads ``[embedding ; feature]`` (2H), the others are plain
+Llama layers over its output (tensors ``layers.{i}.*``, as vLLM and speculators name them). ``layer_types``: one of
+``"full_attention"`` / ``"sliding_attention"`` per layer; a sliding layer's query at position p sees keys at positions
+``> p - sliding_window``.
 """
 
 from transformers import PretrainedConfig
@@ -27,6 +34,7 @@ AUX_LAYER_CONVENTIONS = ("output", "input")
 # written to every config.json even at their default value: engines default some of them differently
 # (vLLM reads a speculators config without norm_before_residual as True), so a folder must not leave them implicit
 EXPLICIT_KEYS = ("aux_layer_convention", "norm_before_residual", "norm_before_fc", "fc_norm", "norm_output")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def default_aux_layer_ids(num_target_layers: int) -> list[int]:
@@ -56,6 +64,9 @@ class Eagle3Config(PretrainedConfig):
             (id i = the input of layer i, converted to ``i - 1``). Always saved as ``"output"``.
         norm_before_residual, norm_before_fc, fc_norm, norm_output: the EAGLE-3 variants (module docstring);
             all False is the EAGLE-3 reference.
+        num_hidden_layers: draft decoder layers (1 is the EAGLE-3 reference).
+        layer_types: ``"full_attention"`` or ``"sliding_attention"`` per decoder layer (default: all full).
+        sliding_window: the window of the sliding layers, in positions (required when any layer slides).
     """
 
     model_type = "eagle3_draft"
@@ -92,6 +103,8 @@ class Eagle3Config(PretrainedConfig):
         bos_token_id: int | None = None,
         eos_token_id: int | list[int] | None = None,
         tie_word_embeddings: bool = False,
+        layer_types: list[str] | None = None,
+        sliding_window: int | None = None,
         **kwargs,
     ):
         # engines (vLLM, SGLang) read the pre-v5 rope keys; accept them and keep both spellings
@@ -106,7 +119,6 @@ class Eagle3Config(PretrainedConfig):
         self.hidden_size = hidden_size
         self.target_hidden_size = target_hidden_size if target_hidden_size is not None else hidden_size
         self.intermediate_size = intermediate_size
-        self.num_hidden_layers = num_hidden_layers
         self.num_attention_heads = num_attention_heads
         self.num_key_value_heads = num_key_value_heads if num_key_value_heads is not None else num_attention_heads
         self.head_dim = head_dim if head_dim is not None else hidden_size // num_attention_heads
@@ -138,6 +150,7 @@ class Eagle3Config(PretrainedConfig):
         self.norm_output = bool(norm_output)
         self.target_num_hidden_layers = target_num_hidden_layers
         self.target_model_type = target_model_type
+        self._set_layers(num_hidden_layers, layer_types, sliding_window)
         super().__init__(
             pad_token_id=pad_token_id,
             bos_token_id=bos_token_id,
@@ -145,6 +158,25 @@ class Eagle3Config(PretrainedConfig):
             tie_word_embeddings=tie_word_embeddings,
             **kwargs,
         )
+
+    def _set_layers(self, num_hidden_layers, layer_types, sliding_window):
+        if not isinstance(num_hidden_layers, int) or isinstance(num_hidden_layers, bool) or num_hidden_layers < 1:
+            raise ValueError(f"num_hidden_layers must be an integer >= 1 (draft decoder layers), got {num_hidden_layers!r}")
+        layer_types = list(layer_types) if layer_types is not None else ["full_attention"] * num_hidden_layers
+        if len(layer_types) != num_hidden_layers or any(t not in LAYER_TYPES for t in layer_types):
+            raise ValueError(
+                f"layer_types={layer_types} must list one of {list(LAYER_TYPES)} for each of the {num_hidden_layers} "
+                "draft decoder layers (num_hidden_layers)."
+            )
+        if sliding_window is not None and (
+            not isinstance(sliding_window, int) or isinstance(sliding_window, bool) or sliding_window < 1
+        ):
+            raise ValueError(f"sliding_window must be a positive integer (positions) or null, got {sliding_window!r}")
+        if "sliding_attention" in layer_types and sliding_window is None:
+            raise ValueError("layer_types has sliding_attention layers but sliding_window is null: set the window.")
+        self.num_hidden_layers = num_hidden_layers
+        self.layer_types = layer_types
+        self.sliding_window = sliding_window
 
     @property
     def aux_layer_ids(self) -> list[int] | None:
@@ -161,6 +193,10 @@ class Eagle3Config(PretrainedConfig):
         rope = dict(self.rope_parameters)
         out["rope_theta"] = rope.pop("rope_theta", 10000.0)
         out["rope_scaling"] = rope if rope.get("rope_type", "default") != "default" else None
+        if self.sliding_window is None and "sliding_attention" not in self.layer_types:
+            # all-full drafts keep the config.json of the single-layer reference, which engines read unchanged
+            out.pop("layer_types", None)
+            out.pop("sliding_window", None)
         return out
 
     def to_diff_dict(self):

@@ -10,11 +10,13 @@ Data flow of one draft step (b = batch, s = new positions, H = draft hidden, Ht 
     token embedding of the *next* token    (b, s, H)
     midlayer: attn(q/k/v over cat(input_layernorm(emb), hidden_norm(fused)) (b, s, 2H)) + fused,
               then post_attention_layernorm -> MLP -> residual            -> hidden (b, s, H), pre-norm
+    layers.1..: Llama decoder layers over that hidden (num_hidden_layers > 1) -> hidden (b, s, H), pre-norm
     lm_head(norm(hidden))                  (b, s, draft_vocab)          draft logits
     target id of draft id i:  i + d2t[i]
 
 Position convention: the feature of target position t (which predicted token t+1) is paired with the
 embedding of token t+1 at position id t; the output predicts token t+2. Later draft steps use t+1, t+2, ...
+A ``sliding_attention`` layer (``config.layer_types``) sees the keys of positions ``> p - sliding_window`` only.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
+from transformers.masking_utils import sliding_window_causal_mask_function, sliding_window_overlay
 from transformers.models.llama.modeling_llama import (
     LlamaMLP,
     LlamaRMSNorm,
@@ -54,17 +57,33 @@ class Eagle3DraftOutput(ModelOutput):
     cache: Cache | None = None
 
 
-class Eagle3Attention(nn.Module):
-    """Llama attention whose q/k/v read ``2 * hidden_size`` (embedding and fused feature side by side)."""
+def in_window(q_pos: torch.Tensor, k_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """Whether a key at position ``k_pos`` is inside the sliding window of a query at ``q_pos`` (broadcast): the one
+    window rule of the draft (model, tree decoding, training), transformers' own overlay."""
+    return sliding_window_overlay(window)(None, None, q_pos, k_pos)
 
-    def __init__(self, config: Eagle3Config):
+
+def layer_mask(attention_mask, layer_type: str):
+    """The mask of one layer: transformers' ``{layer_type: mask}`` dict, or one mask (or None) for every layer."""
+    return attention_mask[layer_type] if isinstance(attention_mask, dict) else attention_mask
+
+
+class Eagle3Attention(nn.Module):
+    """Llama attention; the first layer's q/k/v read ``2 * hidden_size`` (embedding and fused feature side by side).
+    ``layer_idx`` is its index in the draft cache; a ``sliding_attention`` layer hides keys ``sliding_window``
+    positions or more behind the query."""
+
+    def __init__(self, config: Eagle3Config, layer_idx: int = 0):
         super().__init__()
+        self.layer_idx = layer_idx
         self.head_dim = config.head_dim
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.num_kv_groups = self.num_heads // self.num_kv_heads
         self.scaling = self.head_dim**-0.5
-        in_dim = 2 * config.hidden_size
+        sliding = config.layer_types[layer_idx] == "sliding_attention"
+        self.sliding_window = config.sliding_window if sliding else None
+        in_dim = 2 * config.hidden_size if layer_idx == 0 else config.hidden_size
         self.q_proj = nn.Linear(in_dim, self.num_heads * self.head_dim, bias=config.attention_bias)
         self.k_proj = nn.Linear(in_dim, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
         self.v_proj = nn.Linear(in_dim, self.num_kv_heads * self.head_dim, bias=config.attention_bias)
@@ -72,9 +91,9 @@ class Eagle3Attention(nn.Module):
 
     def forward(
         self,
-        x: torch.Tensor,  # (b, s, 2H)
+        x: torch.Tensor,  # (b, s, 2H) in the first layer, (b, s, H) after it
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
-        attention_mask: torch.Tensor | None = None,  # (b, 1, s, kv) additive, or None for causal
+        attention_mask: torch.Tensor | None = None,  # (b, 1, s, kv) additive, or None for causal (and windowed)
         cache: Cache | None = None,
         ttt_cache: list | None = None,
         ttt_step: int = 0,
@@ -87,17 +106,22 @@ class Eagle3Attention(nn.Module):
         q, k = apply_rotary_pos_emb(q, k, cos, sin)
 
         if ttt_cache is not None:
-            out = self._ttt_attention(q, k, v, attention_mask, ttt_cache, ttt_step)
+            out = self._ttt_attention(q, k, v, attention_mask, ttt_cache[self.layer_idx], ttt_step)
         else:
             if cache is not None:
-                k, v = cache.update(k, v, 0)
+                k, v = cache.update(k, v, self.layer_idx)
             k, v = repeat_kv(k, self.num_kv_groups), repeat_kv(v, self.num_kv_groups)
-            if attention_mask is None and s > 1 and k.shape[2] == s:
+            kv = k.shape[2]
+            if attention_mask is None and s > 1 and kv == s and (self.sliding_window is None or s <= self.sliding_window):
                 out = F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scaling)
-            elif attention_mask is None and s > 1:
-                # new tokens follow a cached prefix: causal over the whole kv
-                past = k.shape[2] - s
-                mask = torch.ones(s, k.shape[2], dtype=torch.bool, device=q.device).tril(past)
+            elif attention_mask is None and (s > 1 or (self.sliding_window is not None and kv > self.sliding_window)):
+                # new tokens follow a cached prefix: causal over the whole kv (cache index = position), and windowed
+                q_idx = torch.arange(kv - s, kv, device=q.device)[:, None]
+                k_idx = torch.arange(kv, device=q.device)[None, :]
+                if self.sliding_window is None:
+                    mask = k_idx <= q_idx
+                else:
+                    mask = sliding_window_causal_mask_function(self.sliding_window)(None, None, q_idx, k_idx)
                 out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling)
             else:
                 if attention_mask is not None:
@@ -113,6 +137,8 @@ class Eagle3Attention(nn.Module):
         if len(ttt_cache) == ttt_step:
             ttt_cache.append((k, v))
         entries = ttt_cache[:ttt_step] + [(k, v)]
+        if self.sliding_window is not None:  # the diagonal key of step i sits ttt_step - i positions back
+            entries = entries[:1] + [e for i, e in enumerate(entries[1:], 1) if ttt_step - i < self.sliding_window]
         k0, v0 = entries[0]
         k0, v0 = repeat_kv(k0, self.num_kv_groups), repeat_kv(v0, self.num_kv_groups)
         scores = torch.matmul(q, k0.transpose(2, 3)) * self.scaling  # (b, h, s, s)
@@ -133,9 +159,12 @@ class Eagle3Attention(nn.Module):
 
 
 class Eagle3DecoderLayer(nn.Module):
+    """The first draft layer: attention over ``[input_layernorm(embedding) ; hidden_norm(feature)]``."""
+
     def __init__(self, config: Eagle3Config):
         super().__init__()
-        self.self_attn = Eagle3Attention(config)
+        self.layer_type = config.layer_types[0]
+        self.self_attn = Eagle3Attention(config, 0)
         self.mlp = LlamaMLP(config)
         self.hidden_norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
@@ -155,10 +184,30 @@ class Eagle3DecoderLayer(nn.Module):
         normed = self.hidden_norm(hidden_states)
         residual = normed if self.norm_before_residual else hidden_states  # the reference keeps the raw feature
         x = torch.cat([self.input_layernorm(input_embeds), normed], dim=-1)  # (b, s, 2H)
-        hidden_states = residual + self.self_attn(x, position_embeddings, attention_mask, cache, ttt_cache, ttt_step)
+        mask = layer_mask(attention_mask, self.layer_type)
+        hidden_states = residual + self.self_attn(x, position_embeddings, mask, cache, ttt_cache, ttt_step)
         residual = hidden_states
         hidden_states = residual + self.mlp(self.post_attention_layernorm(hidden_states))
         return hidden_states
+
+
+class Eagle3LaterDecoderLayer(nn.Module):
+    """A draft layer after the first: transformers' Llama decoder layer over the previous layer's output (the
+    layers ``1..`` of vLLM's and speculators' multi-layer EAGLE-3 drafts)."""
+
+    def __init__(self, config: Eagle3Config, layer_idx: int):
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        self.self_attn = Eagle3Attention(config, layer_idx)
+        self.mlp = LlamaMLP(config)
+        self.input_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None, ttt_cache=None, ttt_step=0):
+        mask = layer_mask(attention_mask, self.layer_type)
+        x = self.input_layernorm(hidden_states)
+        hidden_states = hidden_states + self.self_attn(x, position_embeddings, mask, cache, ttt_cache, ttt_step)
+        return hidden_states + self.mlp(self.post_attention_layernorm(hidden_states))
 
 
 class Eagle3PreTrainedModel(PreTrainedModel):
@@ -166,7 +215,7 @@ class Eagle3PreTrainedModel(PreTrainedModel):
     config: Eagle3Config
     base_model_prefix = ""
     supports_gradient_checkpointing = True
-    _no_split_modules = ["Eagle3DecoderLayer"]
+    _no_split_modules = ["Eagle3DecoderLayer", "Eagle3LaterDecoderLayer"]
     _supports_sdpa = True
     # the embedding is the target's: drafts are usually published without it
     _keys_to_ignore_on_load_missing = [r"embed_tokens\.weight"]
@@ -196,6 +245,8 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         )
         self.fc = nn.Linear(3 * Ht, H, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
+        # layers 1.. keyed by their index: tensors `layers.{i}.*`, the names vLLM and speculators give them
+        self.layers = nn.ModuleDict({str(i): Eagle3LaterDecoderLayer(config, i) for i in range(1, config.num_hidden_layers)})
         self.norm = LlamaRMSNorm(H, eps=config.rms_norm_eps)
         self.lm_head = nn.Linear(H, config.draft_vocab_size, bias=False)
         self.rotary_emb = LlamaRotaryEmbedding(config)
@@ -250,7 +301,8 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         hidden_states: torch.Tensor | None = None,  # (b, s, H): the previous step's `out.hidden_states` (pre-norm)
         target_hidden_states: torch.Tensor | None = None,  # (b, s, 3*Ht): raw aux features, fused by fc
         position_ids: torch.LongTensor | None = None,  # (b, s)
-        attention_mask: torch.Tensor | None = None,  # None (causal) or (b, 1, s, kv) additive float
+        # None (causal, windowed in sliding layers), (b, 1, s, kv) additive float, or {layer type: that mask}
+        attention_mask: torch.Tensor | dict | None = None,
         cache: Cache | None = None,
         use_cache: bool | None = None,
         inputs_embeds: torch.Tensor | None = None,
@@ -284,9 +336,18 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
             position_ids = torch.arange(past, past + s, device=hidden_states.device).unsqueeze(0).expand(b, -1)
+        if isinstance(attention_mask, torch.Tensor) and "sliding_attention" in self.config.layer_types:
+            # one explicit mask cannot say where the window ends: the caller knows the key positions, the model not
+            raise ValueError(
+                "This draft has sliding-window layers: pass attention_mask as {'full_attention': mask, "
+                "'sliding_attention': windowed mask} (transformers' convention), or None for causal attention."
+            )
         position_embeddings = self.rotary_emb(hidden_states, position_ids)
-        ttt_step = len(ttt_cache) if ttt_cache is not None else 0
-        if self.gradient_checkpointing and self.training:
+        if ttt_cache is not None and not ttt_cache:
+            ttt_cache.extend([] for _ in range(self.config.num_hidden_layers))  # (k, v) of each step, per layer
+        ttt_step = len(ttt_cache[0]) if ttt_cache is not None else 0
+        checkpointed = self.gradient_checkpointing and self.training
+        if checkpointed:
             hidden_states = self._gradient_checkpointing_func(
                 self.midlayer.__call__, inputs_embeds, hidden_states, position_embeddings, attention_mask, None, ttt_cache,
                 ttt_step,
@@ -295,6 +356,13 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
             hidden_states = self.midlayer(
                 inputs_embeds, hidden_states, position_embeddings, attention_mask, cache, ttt_cache, ttt_step
             )
+        for layer in self.layers.values():
+            if checkpointed:
+                hidden_states = self._gradient_checkpointing_func(
+                    layer.__call__, hidden_states, position_embeddings, attention_mask, None, ttt_cache, ttt_step
+                )
+            else:
+                hidden_states = layer(hidden_states, position_embeddings, attention_mask, cache, ttt_cache, ttt_step)
         if isinstance(logits_to_keep, torch.Tensor) and logits_to_keep.dtype == torch.bool:
             kept = hidden_states[logits_to_keep]  # (n, H): only the positions a loss scores (training)
         else:
@@ -489,4 +557,4 @@ def _layout_hooks() -> dict:
     return _LAYOUT_HOOKS
 
 
-__all__ = ["Eagle3DraftModel", "Eagle3PreTrainedModel", "Eagle3DraftOutput", "register_layout_hooks"]
+__all__ = ["Eagle3DraftModel", "Eagle3PreTrainedModel", "Eagle3DraftOutput", "register_layout_hooks", "in_window"]

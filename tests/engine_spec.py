@@ -137,6 +137,18 @@ def _tensor_problems(layer: dict, shapes: dict, names: dict[str, str], engine: s
         "layers.0.input_layernorm.weight": (H,),
         "layers.0.post_attention_layernorm.weight": (H,),
     }
+    for i in range(1, int(layer.get("num_hidden_layers", 1))):  # V4: later layers read hidden_size
+        expected.update({
+            f"layers.{i}.self_attn.q_proj.weight": (heads * head_dim, H),
+            f"layers.{i}.self_attn.k_proj.weight": (kv * head_dim, H),
+            f"layers.{i}.self_attn.v_proj.weight": (kv * head_dim, H),
+            f"layers.{i}.self_attn.o_proj.weight": (H, heads * head_dim),
+            f"layers.{i}.mlp.gate_proj.weight": (inter, H),
+            f"layers.{i}.mlp.up_proj.weight": (inter, H),
+            f"layers.{i}.mlp.down_proj.weight": (H, inter),
+            f"layers.{i}.input_layernorm.weight": (H,),
+            f"layers.{i}.post_attention_layernorm.weight": (H,),
+        })
     optional = {"embed_tokens.weight": (vocab, H), "d2t": (draft_vocab,), "t2d": (vocab,)}
     for name, shape in expected.items():
         file_name = names.get(name, name)
@@ -168,13 +180,15 @@ def _common_layer_problems(layer: dict, engine: str) -> list[str]:
     problems = []
     if layer.get("hidden_act", "silu") != "silu":
         problems.append(f"{engine}: hidden_act {layer.get('hidden_act')!r}, the engine's Llama MLP is silu only")
-    if int(layer.get("num_hidden_layers", 1)) != 1:
+    # V4: vLLM builds num_hidden_layers layers (layers.{i}, i >= 1 plain Llama layers) and windows the layers that
+    # layer_types names; S2: SGLang's additional_layers take another input and its Llama attention has no window
+    if engine == "sglang" and int(layer.get("num_hidden_layers", 1)) != 1:
         problems.append(f"{engine}: num_hidden_layers must be 1 for a single-layer EAGLE-3 draft")
     if layer.get("tie_word_embeddings"):
         problems.append(f"{engine}: tie_word_embeddings would alias lm_head to the embedding")
     if layer.get("mlp_bias"):
         problems.append(f"{engine}: mlp_bias is not supported by the engine's Llama MLP")
-    if layer.get("sliding_window") or layer.get("layer_types"):
+    if engine == "sglang" and "sliding_attention" in (layer.get("layer_types") or []):
         problems.append(f"{engine}: the draft must not declare sliding-window attention")
     if "rope_theta" not in layer:
         problems.append(f"{engine}: no top-level rope_theta (engines on transformers v4 would use 10000)")

@@ -129,18 +129,3 @@ def test_vllm_export_without_a_target_warns_that_it_has_no_embedding(ours_withou
         "LlamaForCausalLM"]
     sglang = formats.export_draft(bound, tmp_path / "sglang", to="sglang")  # SGLang shares the target's: unchanged
     assert "embed_tokens.weight" not in formats.tensor_shapes(sglang)
-
-
-@pytest.mark.parametrize("layer, expected", [
-    ({"layer_types": ["sliding_attention"], "sliding_window": 2048},  # speculators 0.9
-     {"layer_types": ["sliding_attention"], "sliding_window": 2048}),
-    ({"sliding_window": 4096}, {"layer_types": ["sliding_attention"], "sliding_window": 4096}),  # Mistral style
-    ({"sliding_window": 4096, "use_sliding_window": False}, {}),  # Qwen style, window off
-    ({"sliding_window": None, "use_sliding_window": False}, {}),  # SpecForge's Qwen3 configs
-    ({"layer_types": ["full_attention"], "sliding_window": 2048}, {}),
-])
-def test_reader_maps_the_window_keys(layer, expected):
-    """The peers' window keys become Eagle3Config's ``layer_types`` / ``sliding_window``."""
-    from eagle3_hub.formats.layouts import _attention_kinds
-
-    assert _attention_kinds(layer) == expected

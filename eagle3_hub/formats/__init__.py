@@ -13,6 +13,9 @@ Layouts read by ``Eagle3DraftModel.from_pretrained`` (all to the same model, the
     speculators  vllm-project/speculators: no ``model_type``; ``speculators_model_type: eagle3``,
                  ``speculators_config``, ``transformer_layer_config``; tensors ``layers.0.*`` instead of ``midlayer.*``.
 
+Decoder layers (every layout): ``num_hidden_layers`` (tensors ``layers.{i}.*`` after the first), ``layer_types`` and
+``sliding_window`` in transformers' convention; the SGLang export refuses drafts that use them.
+
 Variants (every layout): ``norm_before_residual``, ``norm_before_fc`` (tensor ``input_norm``), ``fc_norm`` (EAGLE 3.1,
 tensors ``fc_norm.{0,1,2}``, SGLang's older ``aux_norm_{low,mid,high}`` / ``use_aux_norm`` read too) and ``norm_output``
 (EAGLE 3.1 post-norm feedback), with the meaning vLLM and SGLang give them. Absent keys are read as False, except that
@@ -31,8 +34,9 @@ Exports (``export_draft`` / ``eagle3-hub convert --to``): ``sglang`` writes a ``
 is by SGLang, and by vLLM with ``method: eagle3``); ``vllm`` writes the speculators layout (``vllm serve DRAFT`` finds
 the target in it). Weights are read and written as safetensors only; pickled checkpoints are refused, never unpickled.
 
-Modules: ``aux_layers`` (the two id conventions), ``files`` (reading a folder or Hub snapshot), ``layouts`` (detection,
-configs, tensor checks, the loading hook), ``saving`` (the save hooks), ``engines`` (engine folders), ``convert``.
+Modules: ``aux_layers`` (the two id conventions), ``files`` (reading a folder or Hub snapshot), ``fields`` (every
+config field modelled, inert, refused or warned about), ``layouts`` (detection, configs, tensor checks, the loading
+hook), ``saving`` (the save hooks), ``engines`` (engine folders), ``convert``.
 Importing this package wires the model into transformers (``wire``: the Auto classes, and these loading and saving
 hooks in ``Eagle3DraftModel``; the model file never imports it: the model code is also shipped alone, as remote code).
 """

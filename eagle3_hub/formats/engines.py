@@ -34,7 +34,7 @@ def _llama_layer_dict(config: Eagle3Config) -> dict:
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden_size,
         "intermediate_size": config.intermediate_size,
-        "num_hidden_layers": getattr(config, "num_hidden_layers", 1),
+        "num_hidden_layers": config.num_hidden_layers,
         "num_attention_heads": config.num_attention_heads,
         "num_key_value_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
@@ -50,17 +50,10 @@ def _llama_layer_dict(config: Eagle3Config) -> dict:
         "eos_token_id": config.eos_token_id,
         "pad_token_id": config.pad_token_id,
         "torch_dtype": dtype,
-        **_attention_kinds(config),
+        # written only where a layer slides: the single-layer reference's config stays as engines always read it
+        **({"layer_types": list(config.layer_types), "sliding_window": config.sliding_window}
+           if "sliding_attention" in config.layer_types else {}),
     }
-
-
-def _attention_kinds(config: Eagle3Config) -> dict:
-    """``layer_types`` and ``sliding_window`` of a windowed draft, as transformers' configs (and speculators 0.9,
-    vLLM, SGLang through them) spell them; nothing for a draft of full-attention layers."""
-    types = list(getattr(config, "layer_types", None) or [])
-    if "sliding_attention" not in types:
-        return {}
-    return {"layer_types": types, "sliding_window": config.sliding_window, "use_sliding_window": True}
 
 
 def engine_config(
@@ -97,6 +90,18 @@ def engine_config(
             raise ValueError(
                 "This draft sets norm_before_residual: SGLang 0.5's EAGLE-3 layer always keeps the raw feature as the "
                 "residual and would serve another draft. Export with --to vllm (vLLM implements it) instead."
+            )
+        if config.num_hidden_layers > 1:
+            raise ValueError(
+                f"This draft has {config.num_hidden_layers} decoder layers: SGLang 0.5's LlamaForCausalLMEagle3 builds "
+                "the layers after the first as `additional_layers` (other tensor names) whose input is the first "
+                "layer's MLP output without its residual, another model. Export with --to vllm instead."
+            )
+        if "sliding_attention" in config.layer_types:
+            raise ValueError(
+                f"This draft has sliding-window layers (layer_types {config.layer_types}, sliding_window "
+                f"{config.sliding_window}): SGLang 0.5's Llama draft attention has no window and would attend to the "
+                "whole context, another model. Export with --to vllm (vLLM windows the draft's layers) instead."
             )
         return {
             **_llama_layer_dict(config),

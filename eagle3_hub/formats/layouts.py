@@ -9,6 +9,7 @@ import torch
 
 from ..configuration_eagle3 import Eagle3Config
 from .aux_layers import engine_default_aux_layer_ids, resolve_aux_layer_ids
+from .fields import check_fields
 from .files import read_config_dict, resolve_folder, tensor_shapes
 
 logger = logging.getLogger(__name__)
@@ -111,11 +112,6 @@ def _check_structure(config: dict, source: str):
         )
     if config.get("tie_word_embeddings"):
         raise ValueError(f"{source} ties lm_head to embed_tokens; an EAGLE-3 draft has its own lm_head over the draft vocabulary.")
-    if int(config.get("num_hidden_layers", 1)) != 1:
-        raise ValueError(
-            f"{source} has {config['num_hidden_layers']} draft decoder layers; Eagle3DraftModel implements the "
-            "single-layer EAGLE-3 draft."
-        )
     # SpecForge's MoE drafts (e.g. Qwen3MoEForCausalLMEagle3) keep the Llama config keys: without this they would be
     # read as a dense layer and fail later on a list of unexpected expert tensors
     experts = {k: config[k] for k in MOE_KEYS if isinstance(config.get(k), int) and config[k] > 0}
@@ -138,10 +134,13 @@ def _llama_kwargs(layer: dict, source: str) -> dict:
         for k in (
             "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
             "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias",
-            "bos_token_id", "eos_token_id", "pad_token_id",
+            "bos_token_id", "eos_token_id", "pad_token_id", "num_hidden_layers",
         )
         if layer.get(k) is not None
     }
+    if layer.get("layer_types") is not None:  # engines and speculators window a layer only where layer_types says so
+        kwargs["layer_types"] = layer["layer_types"]
+        kwargs["sliding_window"] = layer.get("sliding_window")
     if layer.get("rope_parameters"):
         rope = dict(layer["rope_parameters"])
         if "full_attention" in rope:
@@ -153,21 +152,7 @@ def _llama_kwargs(layer: dict, source: str) -> dict:
     dtype = layer.get("dtype") or layer.get("torch_dtype")
     if dtype:
         kwargs["dtype"] = dtype
-    kwargs.update(_attention_kinds(layer))
     return kwargs
-
-
-def _attention_kinds(layer: dict) -> dict:
-    """``layer_types`` / ``sliding_window`` (Eagle3Config's names) of a draft layer config: speculators 0.9 writes
-    ``layer_types`` (its trainer's default: every layer ``sliding_attention``, window 2048); Mistral-style configs
-    give only ``sliding_window``, which then applies to every layer unless ``use_sliding_window`` is false."""
-    window = layer.get("sliding_window")
-    types = layer.get("layer_types")
-    if not types and window and layer.get("use_sliding_window", True):
-        types = ["sliding_attention"] * int(layer.get("num_hidden_layers", 1))
-    if not types or "sliding_attention" not in types:
-        return {}
-    return {"layer_types": list(types), "sliding_window": window}
 
 
 def aux_layer_ids_in_config(config: dict, source: str = "this checkpoint") -> list[int] | None:
@@ -197,9 +182,12 @@ def config_from_layout(
                 "Llama draft layer of EAGLE-3 (speculators' qwen3 layer adds q/k norms)."
             )
         _check_structure(layer, source)
+        check_fields(config, source)
+        check_fields(layer, source, "transformer_layer_config")
         kwargs = _llama_kwargs(layer, source)
     else:
         _check_structure(config, source)
+        check_fields(config, source)
         kwargs = _llama_kwargs(config, source)
     kwargs.update(variant_flags(config, layout, source))
     if aux_layer_ids is not None:
@@ -215,9 +203,11 @@ def config_from_layout(
         kwargs["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [int(i) for i in ids]
     kwargs["target_num_hidden_layers"] = num_target_layers or config.get("target_num_hidden_layers")
     kwargs["target_model_type"] = config.get("target_model_type")
-    kwargs["num_hidden_layers"] = 1
     kwargs.update(overrides or {})
-    return Eagle3Config(**kwargs)
+    try:
+        return Eagle3Config(**kwargs)
+    except ValueError as e:  # e.g. layer_types that do not match num_hidden_layers: name the file
+        raise ValueError(f"{source}'s config.json: {e}") from None
 
 
 _LEGACY_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "aux_norm_high.": "fc_norm.2."}
@@ -225,7 +215,7 @@ _LEGACY_NAMES = {"aux_norm_low.": "fc_norm.0.", "aux_norm_mid.": "fc_norm.1.", "
 
 def _key_mapping() -> dict[str, str]:
     """File tensor name -> ours, as transformers' ``key_mapping`` (both engines read these spellings too)."""
-    mapping = {r"^layers\.0\.": "midlayer."}
+    mapping = {r"^layers\.0\.": "midlayer."}  # layers 1.. keep their names (ours are vLLM's and speculators')
     mapping.update({"^" + old.replace(".", r"\."): new for old, new in _LEGACY_NAMES.items()})
     return mapping
 
@@ -339,7 +329,12 @@ def load_foreign_draft(
                 "aux_layer_convention= is for foreign drafts that do not say. Fix the config.json if it is wrong."
             )
         resolve_aux_layer_ids(config_dict, layout, source, num_layers, aux_layer_convention)  # the keys must agree
-        check_tensors(cls, Eagle3Config.from_dict(config_dict), shapes, layout, source)
+        check_fields(config_dict, source)
+        try:
+            config = Eagle3Config.from_dict(config_dict)
+        except ValueError as e:
+            raise ValueError(f"{source}'s config.json: {e}") from None
+        check_tensors(cls, config, shapes, layout, source)
         return None
     overrides = {k: bool(kwargs.pop(k)) for k in VARIANT_FLAGS if kwargs.get(k) is not None}
     config = config_from_layout(config_dict, layout, aux_layer_ids, num_layers, source, aux_layer_convention, overrides)

@@ -7,6 +7,9 @@ step-0 keys of positions <= t (causal) and to the keys of steps 1..k at position
 step compares the draft's distribution with the target's next-token distribution over the draft vocabulary (soft
 cross-entropy by default, or the acceptance-rate losses of ``losses.py``), weighted 0.8^k; positions whose target
 argmax lies outside the draft vocabulary are masked.
+
+Sliding-window draft layers (``config.layer_types``) see the step-0 keys whose positions are inside the window of
+the query's position t+k, as at inference; the diagonal keys sit at t+1..t+k, inside any window wider than k.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from ..modeling_eagle3 import in_window
 from .losses import parse_loss, position_loss
 
 
@@ -53,6 +57,19 @@ def causal_mask(seq_len: int, dtype: torch.dtype, device) -> torch.Tensor:
     """(1, 1, s, s) additive causal mask."""
     mask = torch.full((seq_len, seq_len), torch.finfo(dtype).min, dtype=dtype, device=device).triu(1)
     return mask[None, None]
+
+
+def step_masks(config, seq_len: int, step: int, device) -> torch.Tensor | dict[str, torch.Tensor]:
+    """The attention mask of TTT step ``step`` over the step-0 keys: causal, and for a draft with sliding-window
+    layers transformers' ``{layer type: mask}`` dict whose sliding mask also hides the keys outside the window of
+    the query's position t + step."""
+    causal = causal_mask(seq_len, torch.float32, device)
+    if "sliding_attention" not in config.layer_types:
+        return causal
+    pos = torch.arange(seq_len, device=device)
+    kept = in_window(pos[:, None] + step, pos[None, :], config.sliding_window)
+    sliding = causal.masked_fill(~kept, torch.finfo(torch.float32).min)
+    return {"full_attention": causal, "sliding_attention": sliding}
 
 
 def draft_core(draft):
@@ -129,7 +146,6 @@ def ttt_loss(
         draft_mass = torch.ones(b, s, device=device)
         draft_mass[rows] = (lse_draft[rows] - scores.lse[rows]).exp()
 
-    mask = causal_mask(s, torch.float32, device)
     positions = torch.arange(s, device=device).unsqueeze(0).expand(b, -1)
     ttt_cache: list = []
     hidden = None
@@ -144,6 +160,7 @@ def ttt_loss(
         p_k = _shift(target_p, 1 + k)[valid]  # (n, Vd) target distribution of token t+2+k
         mass_k = _shift(draft_mass, 1 + k, 1.0)[valid]  # (n,)
         want_k = _shift(target_argmax_draft, 1 + k)[valid]  # (n,)
+        mask = step_masks(core.config, s, k, device)
         # logits only where the loss scores them: the draft's lm_head is most of a step's cost
         if hidden is None:
             out = draft(input_ids=ids_k, target_hidden_states=aux_hidden_states, position_ids=positions,

@@ -103,17 +103,20 @@ class ScratchCache:
 
     def __init__(self, context: TreeKVCache, slots: int):
         self.context = context
-        _, _, b, h, C, d = context.buffer.shape
-        self.kv = context.buffer.new_zeros(2, b, h, C + slots, d)
+        n_layers, _, b, h, C, d = context.buffer.shape
+        self.kv = context.buffer.new_zeros(n_layers, 2, b, h, C + slots, d)
         self.C = C
         self.end = C
+        self._start = C
 
     def reset(self):
-        self.kv[:, :, :, : self.C] = self.context.buffer[0]
-        self.end = self.C
+        self.kv[..., : self.C, :] = self.context.buffer
+        self.end = self._start = self.C
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        start, self.end = self.end, self.end + key_states.shape[-2]
-        self.kv[0, :, :, start : self.end] = key_states
-        self.kv[1, :, :, start : self.end] = value_states
-        return self.kv[0, :, :, : self.end], self.kv[1, :, :, : self.end]
+        if layer_idx == 0:  # a new forward: every layer writes at the same offset
+            self._start, self.end = self.end, self.end + key_states.shape[-2]
+        layer = self.kv[layer_idx]
+        layer[0, :, :, self._start : self.end] = key_states
+        layer[1, :, :, self._start : self.end] = value_states
+        return layer[0, :, :, : self.end], layer[1, :, :, : self.end]

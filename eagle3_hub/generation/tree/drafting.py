@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from .caches import ScratchCache, TreeKVCache
 from .config import TreeConfig
 from .fast_paths import packed_head
-from .masks import additive_mask
+from .masks import additive_mask, layer_type_masks
 from .outputs import TreeDecodingStats
 
 # A tree after steps without one reads at most this many of their latest tokens per row: the draft reads what the
@@ -48,6 +48,11 @@ class Drafter:
         else:
             self.embed = draft.embed_tokens.weight
         self.d2t = draft.d2t.to(self.device)
+        cfg = draft.config
+        self.num_layers = cfg.num_hidden_layers
+        # sliding-window draft layers: every forward gets explicit masks over the key positions (a catch-up that
+        # leaves positions out makes slot index and position differ)
+        self.window = cfg.sliding_window if "sliding_attention" in cfg.layer_types else None
         # the draft's logits through a packed copy of its head where oneDNN can: the draft then computes none
         # itself, and forward() applies its final norm and this head to the kept positions
         self.head = packed_head(draft.lm_head) if isinstance(getattr(draft, "norm", None), torch.nn.Module) else None
@@ -55,8 +60,9 @@ class Drafter:
         self.levels = DraftLevels(capture=self.device.type == "cuda") if config.draft_graph else None
 
     def start(self, b: int, capacity: int):
-        self.cache = TreeKVCache(1, capacity)
+        self.cache = TreeKVCache(self.num_layers, capacity)
         self.valid = torch.zeros(b, 0, dtype=torch.bool, device=self.device)  # (b, Td) context slots that are tokens
+        self.pos = torch.zeros(b, 0, dtype=torch.long, device=self.device)  # (b, Td) their positions
         self.pending: list[tuple] = []  # (features, tokens, positions, valid) of each step, oldest first
         self.root_out = None  # the last read's draft logits (b, Vd) and hidden state (b, 1, H) at each row's root
 
@@ -81,21 +87,29 @@ class Drafter:
     def select_rows(self, idx: torch.Tensor):
         self.cache.select_rows(idx)
         self.valid = self.valid.index_select(0, idx)
+        self.pos = self.pos.index_select(0, idx)
         self.pending = [tuple(t.index_select(0, idx) for t in self.waiting())] if self.pending else []
         if self.root_out is not None:
             self.root_out = tuple(t.index_select(0, idx) for t in self.root_out)
 
     # ------------------------------------------------------------------ forwards
-    def forward(self, tokens, position_ids, allowed, *, features=None, hidden=None, logits_to_keep=0, cache=None):
+    def forward(self, tokens, position_ids, allowed, *, features=None, hidden=None, logits_to_keep=0, cache=None,
+                key_pos=None):
         """``allowed``: (b, s, kv) bool, or None for causal attention over the whole draft cache. ``cache``: the
-        context cache by default."""
+        context cache by default. ``key_pos`` (b, kv): the positions of the keys (sliding-window drafts)."""
         own_head = self.head is not None
+        if allowed is None:
+            mask = None
+        elif self.window is None:
+            mask = additive_mask(allowed, self.dtype)
+        else:
+            mask = layer_type_masks(allowed, self.dtype, self.window, position_ids, key_pos)
         out = self.draft(
             inputs_embeds=F.embedding(tokens, self.embed),
             target_hidden_states=features,
             hidden_states=hidden,
             position_ids=position_ids,
-            attention_mask=None if allowed is None else additive_mask(allowed, self.dtype),
+            attention_mask=mask,
             cache=self.cache if cache is None else cache,
             use_cache=True,
             # with the packed head: a (b, s) mask that keeps no position, so the draft computes no logits
@@ -120,13 +134,15 @@ class Drafter:
         self.pending = []
         b, A = tokens.shape
         allowed = None  # causal over the whole draft context
-        if holes:
+        if holes or self.window is not None:
             causal = torch.ones(A, A, dtype=torch.bool, device=self.device).tril()
             allowed = torch.cat([self.valid[:, None, :].expand(b, A, self.cache.length), causal[None] & valid[:, None, :]],
                                 dim=-1)
-        logits, hidden = self.forward(tokens, positions, allowed, features=feats, logits_to_keep=1)
+        key_pos = torch.cat([self.pos, positions], dim=1)
+        logits, hidden = self.forward(tokens, positions, allowed, features=feats, logits_to_keep=1, key_pos=key_pos)
         self.cache.commit()
         self.valid = torch.cat([self.valid, valid], dim=1)
+        self.pos = key_pos
         self.root_out = (logits[:, -1], hidden[:, -1:])
 
     def draft_tree(self, depth: int, next_pos: torch.Tensor, holes: bool, top_k: int | None = None,
@@ -149,7 +165,8 @@ class Drafter:
         # a node at depth d comes with its d - 1 ancestors, so no node past depth total_tokens can be selected: those
         # levels are not drafted (the same tree)
         depth = min(depth, self.total_tokens)
-        tree = self.grow(depth, score, token, root_hidden, self.valid[:, None, :], self.cache, next_pos, row_depth)
+        tree = self.grow(depth, score, token, root_hidden, self.valid[:, None, :], self.cache, next_pos, row_depth,
+                         self.pos)
         self.cache.rollback()  # the tree's draft slots are not context
         return tree
 
@@ -159,11 +176,12 @@ class Drafter:
         rarely be accepted). One sync; never with draft_graph."""
         return self.grow_logp is None or bool((f_score >= self.grow_logp).any())
 
-    def grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos, row_depth=None):
+    def grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos, row_depth=None, ctx_pos=None):
         """Levels 2..depth of the tree from the root's k children (score, token: (b, k); root_hidden (b, 1, H)),
         then the best ``total_tokens`` nodes of the pool. ``ctx_allowed`` (b, 1, C): the draft context slots of
-        ``cache`` each row may read; the levels append their slots to ``cache`` after them. ``row_depth`` (b,):
-        a row takes its nodes from its first ``row_depth`` levels only (they must hold ``total_tokens``)."""
+        ``cache`` each row may read, at positions ``ctx_pos`` (b, C); the levels append their slots to ``cache``
+        after them. ``row_depth`` (b,): a row takes its nodes from its first ``row_depth`` levels only (they must
+        hold ``total_tokens``)."""
         dev = self.device
         b, k = score.shape
         H = root_hidden.shape[-1]
@@ -176,6 +194,7 @@ class Drafter:
         f_anc = torch.zeros(b, k, 0, dtype=torch.bool, device=dev)  # ancestors among the fed tree slots
         eye_k = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
         offset = k
+        key_pos = ctx_pos  # positions of the slots the next level reads (sliding-window drafts)
 
         # one draft forward per further level
         for lvl in range(2, depth + 1):
@@ -184,7 +203,9 @@ class Drafter:
             anc_self = torch.cat([f_anc, eye_k], dim=-1)  # (b, k, (lvl-1)*k)
             allowed = torch.cat([ctx_allowed.expand(b, k, ctx_allowed.shape[-1]), anc_self], dim=-1)
             f_pos = (next_pos + lvl - 2)[:, None].expand(b, k)  # a depth-d node sits at root pos + d - 1
-            logits, hidden = self.forward(f_tok, f_pos, allowed, hidden=f_hidden, cache=cache)
+            if self.window is not None:
+                key_pos = torch.cat([key_pos, f_pos], dim=1)
+            logits, hidden = self.forward(f_tok, f_pos, allowed, hidden=f_hidden, cache=cache, key_pos=key_pos)
             logp = self.log_probs(logits)  # (b, k, Vd)
             child_logp, child_ids = logp.topk(k, dim=-1)  # (b, k, k)
             c_score = (f_score[:, :, None] + child_logp).reshape(b, k * k)
@@ -247,6 +268,7 @@ class DraftLevels:
                 "token": token.clone(),
                 "hidden": root_hidden.clone(),
                 "valid": torch.zeros(b, ctx.buffer.shape[4], dtype=torch.bool, device=score.device),
+                "ctx_pos": torch.zeros(b, ctx.buffer.shape[4], dtype=torch.long, device=score.device),
                 "pos": next_pos.clone(),
             }
             self.entries[key] = (static, ScratchCache(ctx, (depth - 1) * k), None, None)
@@ -256,13 +278,14 @@ class DraftLevels:
         static["hidden"].copy_(root_hidden)
         static["valid"][:, : ctx.length] = drafter.valid
         static["valid"][:, ctx.length :] = False
+        static["ctx_pos"][:, : ctx.length] = drafter.pos
         static["pos"].copy_(next_pos)
         forwards = drafter.stats.draft_forwards
 
         def levels():
             scratch.reset()
             return drafter.grow(depth, static["score"], static["token"], static["hidden"], static["valid"][:, None, :],
-                                scratch, static["pos"])
+                                scratch, static["pos"], None, static["ctx_pos"])
 
         if not self.capture:
             out = levels()

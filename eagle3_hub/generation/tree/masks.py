@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from transformers.masking_utils import sliding_window_overlay
 
 
 def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -10,6 +11,15 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     masked query rows (holes) free of NaN."""
     zero = torch.zeros((), dtype=dtype, device=allowed.device)
     return torch.where(allowed, zero, torch.finfo(dtype).min).unsqueeze(1)
+
+
+def layer_type_masks(allowed: torch.Tensor, dtype: torch.dtype, window: int, q_pos: torch.Tensor,
+                     k_pos: torch.Tensor) -> dict[str, torch.Tensor]:
+    """bool (b, q, kv) "may attend", with the query and key positions (b, q) and (b, kv) -> transformers' mask dict
+    {"full_attention": ..., "sliding_attention": ...}: the sliding one also hides keys ``window`` positions or more
+    behind the query (transformers' sliding-window overlay, as the draft model applies it)."""
+    sliding = allowed & sliding_window_overlay(window)(None, None, q_pos[:, :, None], k_pos[:, None, :])
+    return {"full_attention": additive_mask(allowed, dtype), "sliding_attention": additive_mask(sliding, dtype)}
 
 
 def attention_layout(text_config) -> tuple[int | None, str]:

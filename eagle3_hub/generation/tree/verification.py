@@ -13,7 +13,7 @@ from transformers.cache_utils import DynamicCache
 from .caches import TreeKVCache
 from .fast_paths import LEAN_FORWARD_DEVICES, LOGITS_ROWS_MULTIPLE, LOGITS_SUBSET_DEVICES, packed_head
 from .lean_forward import LeanTargetForward
-from .masks import additive_mask, ancestors, attention_layout
+from .masks import additive_mask, ancestors, attention_layout, layer_type_masks
 from .outputs import PhaseClock, TreeDecodingStats
 
 # per target: whether its output head gives its forward's own logits, while the head is the same module with the
@@ -202,14 +202,10 @@ class Verifier:
         return keep
 
     def _mask(self, allowed: torch.Tensor, q_pos: torch.Tensor, k_pos: torch.Tensor | None):
-        full = additive_mask(allowed, self.dtype)
         if self.window is None:
-            return full
-        in_window = (q_pos[:, :, None] - k_pos[:, None, :]) < self.window
-        sliding = additive_mask(allowed & in_window, self.dtype)
-        if self.mask_kind == "sliding":
-            return sliding
-        return {"full_attention": full, "sliding_attention": sliding}
+            return additive_mask(allowed, self.dtype)
+        masks = layer_type_masks(allowed, self.dtype, self.window, q_pos, k_pos)
+        return masks["sliding_attention"] if self.mask_kind == "sliding" else masks
 
     def verify(self, tree: Tree, next_pos: torch.Tensor, keep: int | torch.Tensor):
         """One forward over the tree's slots: each attends to its row's context slots and its ancestors, at position
