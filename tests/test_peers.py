@@ -72,6 +72,13 @@ def their_forward(draft: Path, features_file: Path, tmp_path: Path, save: Path |
     return info, load_file(str(out))
 
 
+def trained_and_forward(job: dict, features_file: Path, tmp_path: Path) -> tuple[dict, dict]:
+    """The trainer's draft saved, then its forward on the features, in one side call."""
+    out = tmp_path / "theirs-trained.safetensors"
+    info = side({**job, "features": str(features_file), "logits_out": str(out)}, tmp_path)
+    return info, load_file(str(out))
+
+
 def our_logits(draft: Eagle3DraftModel, feats: dict) -> torch.Tensor:
     with torch.no_grad():
         return draft(input_ids=feats["input_ids"], target_hidden_states=feats["hidden_states"]).logits[0]
@@ -147,10 +154,9 @@ def test_ours_runs_the_draft_speculators_trainer_builds(name, target_dir, featur
     job = {"do": "train_default", "verifier": str(target_dir), "out": str(tmp_path / "theirs"),
            "verifier_vocab_size": 256, "draft_vocab_ids": list(range(3, 256, 2))[:120],
            "options": {"target_layer_ids": [a + 1 for a in AUX], **TRAINER_OPTIONS[name]}}
-    side(job, tmp_path)
+    info, theirs = trained_and_forward(job, features_file, tmp_path)
     config = json.loads((tmp_path / "theirs" / "config.json").read_text())
     assert config["auto_map"] == {"": "config.Eagle3SpeculatorConfig"} and "model_type" not in config
-    info, theirs = their_forward(tmp_path / "theirs", features_file, tmp_path)
     assert info["sliding_window_layers"] == [0] and info["sliding_window"] == 2048
 
     ours = Eagle3DraftModel.from_pretrained(tmp_path / "theirs")
@@ -176,8 +182,7 @@ def test_ours_runs_a_windowed_speculators_draft(target_dir, features, tmp_path):
     job = {"do": "train_default", "verifier": str(target_dir), "out": str(tmp_path / "theirs"),
            "verifier_vocab_size": 256, "draft_vocab_ids": list(range(3, 256, 2))[:120],
            "options": {"target_layer_ids": [a + 1 for a in AUX], "sliding_window": 8}}
-    side(job, tmp_path)
-    info, theirs = their_forward(tmp_path / "theirs", features_file, tmp_path)
+    info, theirs = trained_and_forward(job, features_file, tmp_path)
     assert info["sliding_window"] == 8
     ours = Eagle3DraftModel.from_pretrained(tmp_path / "theirs")
     assert ours.config.sliding_window == 8

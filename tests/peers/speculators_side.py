@@ -4,7 +4,7 @@ tests/test_peers.py as a subprocess. One job per call: ``python speculators_side
     {"do": "train_default", "verifier": DIR, "out": DIR, "draft_vocab_ids": [...], "options": {...}}
         the draft speculators' trainer builds (``speculators.train.cli.build_draft_model`` with its TrainConfig
         defaults, ``options`` overriding DraftArgs fields), its weights randomised by a seed, saved with its
-        ``save_pretrained``;
+        ``save_pretrained``; with ``"features": FILE, "logits_out": FILE`` then ``forward`` on the saved folder;
     {"do": "forward", "draft": DIR, "features": FILE, "out": FILE}
         ``SpeculatorModel.from_pretrained(DIR)`` and one step of its forward (``ttt_steps=1``) on the features file's
         ``hidden_states`` (1, s, 3H) and ``input_ids`` (1, s); writes the step's logits and argmax, and with
@@ -48,7 +48,10 @@ def train_default(job: dict) -> dict:
             if p.requires_grad:
                 p.copy_(torch.randn_like(p) * (0.05 if p.dim() > 1 else 0.1) + (1.0 if p.dim() == 1 else 0.0))
     model.save_pretrained(job["out"])
-    return {"saved": job["out"], "tensors": sorted(model.state_dict())}
+    saved = {"saved": job["out"], "tensors": sorted(model.state_dict())}
+    if job.get("features"):  # and its forward in the same process: one import of speculators, not two
+        saved.update(forward({"draft": job["out"], "features": job["features"], "out": job["logits_out"]}))
+    return saved
 
 
 def forward(job: dict) -> dict:
