@@ -103,6 +103,9 @@ VARIANTS = {
     "reference": {},
     "norms_on": dict(norm_before_fc=True, norm_before_residual=True, norm_output=True),  # speculators 0.9's default
     "eagle31": dict(fc_norm=True, norm_output=True),
+    # speculators 0.9's default architecture with a window shorter than the sequence (8 of 40 positions)
+    "norms_on_window8": dict(norm_before_fc=True, norm_before_residual=True, norm_output=True,
+                             layer_types=["sliding_attention"], sliding_window=8),
 }
 
 
@@ -127,13 +130,15 @@ def test_speculators_runs_our_vllm_export(variant, target_dir, features, tmp_pat
 
     info, theirs = their_forward(out, features_file, tmp_path, save=tmp_path / "resaved")
     assert info["class"] == "Eagle3DraftModel"
+    windowed = "sliding_attention" in draft.config.layer_types
+    assert (info["sliding_window_layers"], info["sliding_window"]) == (([0], 8) if windowed else ([], None))
     ours = our_logits(Eagle3DraftModel.from_pretrained(tmp_path / "ours", target=target), feats)
     assert agreement(ours, theirs) >= MIN_AGREEMENT
     torch.testing.assert_close(ours, theirs["logits"][0], atol=1e-4, rtol=1e-4)
 
     back = Eagle3DraftModel.from_pretrained(tmp_path / "resaved")  # speculators' own save_pretrained output
     assert agreement(our_logits(back, feats), theirs) >= MIN_AGREEMENT
-    for flag in formats.VARIANT_FLAGS:
+    for flag in (*formats.VARIANT_FLAGS, "layer_types", "sliding_window"):
         assert getattr(back.config, flag) == getattr(draft.config, flag)
     assert back.config.aux_layer_ids == AUX
 
