@@ -54,7 +54,7 @@ from .aux_layers import (
     to_vllm_aux_layer_ids,
 )
 from .convert import convert
-from .engines import EXPORTS, engine_config, export_draft
+from .engines import EXPORTS, SPECULATORS_VERSION, engine_config, export_draft
 from .files import PICKLE_SUFFIXES, read_config_dict, resolve_folder, safetensors_files, tensor_shapes
 from .layouts import (
     ENGINE_ARCHITECTURE,
@@ -87,6 +87,7 @@ wire()
 __all__ = [
     "LAYOUTS",
     "EXPORTS",
+    "SPECULATORS_VERSION",
     "VARIANT_FLAGS",
     "MOE_KEYS",
     "CODE_FILES",

@@ -111,4 +111,24 @@ def convert(
         )
     if verifier is None and target is not None and not Path(target).exists():
         verifier = target
-    return export_draft(draft, dst, to, verifier=verifier, num_speculative_tokens=num_speculative_tokens, force=force)
+    if to == "vllm" and meta_target is not None and draft._embedding_missing:
+        _carry_target_embedding(draft, target, meta_target)
+    return export_draft(
+        draft, dst, to, verifier=verifier, num_speculative_tokens=num_speculative_tokens, force=force,
+        verifier_architectures=meta_target.config.architectures if meta_target is not None else None,
+    )
+
+
+def _carry_target_embedding(draft, target: str, meta_target) -> None:
+    """Give a draft without ``embed_tokens`` its target's, read from the target's safetensors (that tensor only),
+    so that the speculators export carries it: speculators' loader reads the draft's embedding, see export_draft."""
+    from .files import read_embedding
+
+    weight = meta_target.get_input_embeddings().weight
+    name = next(n for n, p in meta_target.named_parameters() if p is weight)
+    embedding = read_embedding(target, name)
+    if embedding is None:
+        return  # export_draft warns that the export carries no embedding
+    embedding = embedding[: draft.config.vocab_size].to(draft.fc.weight.dtype)
+    draft.embed_tokens.weight = torch.nn.Parameter(embedding, requires_grad=False)
+    draft._embedding_from_target = True

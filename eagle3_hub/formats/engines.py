@@ -17,6 +17,8 @@ from .saving import check_savable, identity_vocabulary
 logger = logging.getLogger(__name__)
 
 EXPORTS = ("ours", "vllm", "sglang")
+# the speculators release whose layout `--to vllm` writes (tests/test_peers.py loads it with that release's code)
+SPECULATORS_VERSION = "0.9.0"
 
 
 def _llama_layer_dict(config: Eagle3Config) -> dict:
@@ -54,9 +56,16 @@ def _llama_layer_dict(config: Eagle3Config) -> dict:
     }
 
 
-def engine_config(config: Eagle3Config, to: str, verifier: str | None = None, num_speculative_tokens: int = 3) -> dict:
+def engine_config(
+    config: Eagle3Config,
+    to: str,
+    verifier: str | None = None,
+    num_speculative_tokens: int = 3,
+    verifier_architectures: list[str] | None = None,
+) -> dict:
     """config.json of an engine folder. ``to="sglang"``: SpecForge/SGLang layout (also served by vLLM with
-    ``method: eagle3``). ``to="vllm"``: speculators layout. Refuses what the engine would serve differently."""
+    ``method: eagle3``). ``to="vllm"``: speculators layout (every field speculators 0.9 writes, except its
+    ``auto_map`` to a ``config.py`` we do not ship). Refuses what the engine would serve differently."""
     if to not in ("vllm", "sglang"):
         raise ValueError(f"unknown engine layout {to!r}: expected 'vllm' or 'sglang'")
     check_savable(config)
@@ -122,8 +131,9 @@ def engine_config(config: Eagle3Config, to: str, verifier: str | None = None, nu
                  "verifier_accept_k": 1, "accept_tolerance": 0.0}
             ],
             "default_proposal_method": "greedy",
-            "verifier": {"name_or_path": verifier, "architectures": []},
+            "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or [])},
         },
+        "speculators_version": SPECULATORS_VERSION,
         "transformer_layer_config": _llama_layer_dict(config),
         "draft_vocab_size": config.draft_vocab_size,
         "target_hidden_size": config.target_hidden_size,
@@ -131,6 +141,7 @@ def engine_config(config: Eagle3Config, to: str, verifier: str | None = None, nu
         "aux_layer_convention": "input",  # of the top-level ids, the only ones in this layout
         **flags,  # vLLM's speculators reader defaults norm_before_residual to True: every key is written
         "embed_requires_grad": False,
+        "tie_word_embeddings": False,
     }
 
 
@@ -142,19 +153,36 @@ def export_draft(
     num_speculative_tokens: int = 3,
     save_embeddings: bool | None = None,
     force: bool = False,
+    verifier_architectures: list[str] | None = None,
 ) -> Path:
-    """Write ``model`` as a folder for ``to`` in ``EXPORTS``, atomically (a temporary folder renamed into place)."""
+    """Write ``model`` as a folder for ``to`` in ``EXPORTS``, atomically (a temporary folder renamed into place).
+
+    ``save_embeddings``: store ``embed_tokens.weight``. Default: for ``vllm`` whenever the draft has one (its own or
+    its bound target's), since the speculators library reads the draft's; otherwise only a draft's own.
+    ``verifier_architectures``: the target's ``architectures`` for the speculators config (default: the bound
+    target's)."""
     if to not in EXPORTS:
         raise ValueError(f"--to must be one of {EXPORTS}, got {to!r}")
     dst = Path(save_directory)
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not force:
         raise FileExistsError(f"{dst} exists and is not empty: choose another destination or pass --force.")
     if to != "ours":
-        config = engine_config(model.config, to, verifier, num_speculative_tokens)  # refusals before any write
+        if verifier_architectures is None and model.target is not None:
+            verifier_architectures = model.target.config.architectures
+        # refusals before any write
+        config = engine_config(model.config, to, verifier, num_speculative_tokens, verifier_architectures)
         if model.config.draft_vocab_size == model.config.vocab_size and not identity_vocabulary(model):
             raise ValueError(
                 "This draft covers the whole target vocabulary but its d2t map is not the identity: vLLM builds no map "
                 "for a full-vocabulary draft and SGLang would apply one vLLM ignores. Re-export it with the identity map."
+            )
+        if to == "vllm" and model._embedding_missing and not model._embedding_from_target and not save_embeddings:
+            # transformers (5.19) fills the absent tensor with zeros and speculators refills only NaN ones from the
+            # verifier, so its loader would run (and `speculators train --from-pretrained` start from) a zero embedding
+            logger.warning(
+                "This draft has no embed_tokens (it uses its target's) and no target was given: the export carries "
+                "none. vLLM shares the target's, but the speculators library would run it with a zero embedding. "
+                "Pass --target (or bind the draft to its target) to carry the target's embedding."
             )
         if to == "vllm" and not verifier:
             logger.warning(
@@ -179,7 +207,9 @@ def export_draft(
 
 def _write_engine_folder(model, folder: Path, to: str, config: dict, save_embeddings: bool | None):
     if save_embeddings is None:
-        save_embeddings = not (model._embedding_from_target or model._embedding_missing)
+        # speculators reads the draft's embed_tokens (see export_draft); SGLang and the EAGLE layout share the target's
+        own = not (model._embedding_from_target or model._embedding_missing)
+        save_embeddings = own or (to == "vllm" and model._embedding_from_target)
     skip = {"d2t", "t2d"} if identity_vocabulary(model) else set()
     if not save_embeddings:
         skip.add("embed_tokens.weight")

@@ -124,3 +124,47 @@ def tensor_shapes(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
             ) from None
     return shapes
 
+
+
+def read_embedding(path_or_repo: str | os.PathLike, name: str):
+    """The tensor ``name`` (a target's input embedding, e.g. ``model.embed_tokens.weight``) from a model folder or
+    Hub repo, reading only the safetensors file that holds it; a checkpoint that names it otherwise is searched for
+    the one tensor ending in ``embed_tokens.weight``. None where no such tensor is found."""
+    local = Path(path_or_repo).expanduser()
+    if local.is_dir():
+        folder = local
+    else:
+        from huggingface_hub import snapshot_download
+
+        folder = Path(snapshot_download(str(path_or_repo), allow_patterns=["*.json"]))
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        with open(index, encoding="utf-8") as f:
+            weight_map = json.load(f)["weight_map"]
+    elif local.is_dir():
+        weight_map = {}
+        for file in safetensors_files(folder):
+            with safe_open(str(file), framework="pt") as f:
+                weight_map.update(dict.fromkeys(f.keys(), file.name))
+    else:
+        weight_map = None  # one file: its header is read below
+    if weight_map is None:
+        from huggingface_hub import hf_hub_download
+
+        file = Path(hf_hub_download(str(path_or_repo), "model.safetensors"))
+        with safe_open(str(file), framework="pt") as f:
+            weight_map = dict.fromkeys(f.keys(), file.name)
+        folder = file.parent
+    key = name if name in weight_map else None
+    if key is None:
+        candidates = [k for k in weight_map if k.endswith("embed_tokens.weight")]
+        key = candidates[0] if len(candidates) == 1 else None
+    if key is None:
+        return None
+    file = folder / weight_map[key]
+    if not file.is_file():
+        from huggingface_hub import hf_hub_download
+
+        file = Path(hf_hub_download(str(path_or_repo), weight_map[key]))
+    with safe_open(str(file), framework="pt") as f:
+        return f.get_tensor(key)

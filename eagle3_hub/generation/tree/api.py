@@ -376,7 +376,10 @@ def _read_draft(repo: str, target, revision: str | None, trust_remote_code: bool
     config, _ = PretrainedConfig.get_config_dict(repo, **kwargs)  # reads config.json, runs nothing
     ours = _our_draft_class()
     model_type, auto_map = config.get("model_type"), config.get("auto_map")
-    if ours is not None and (model_type == ours.config_class.model_type or not auto_map):
+    # speculators writes auto_map {"": "config.Eagle3SpeculatorConfig"} (its config class, no model code) and no
+    # model_type: a layout our class reads, so nothing from the folder needs to run
+    known_layout = config.get("speculators_model_type") == "eagle3"
+    if ours is not None and (model_type == ours.config_class.model_type or not auto_map or known_layout):
         draft = ours.from_pretrained(repo, dtype=weight.dtype, **kwargs)  # our class: no code from the folder
     elif trust_remote_code or not auto_map:
         draft = AutoModel.from_pretrained(repo, trust_remote_code=trust_remote_code, dtype=weight.dtype, **kwargs)
