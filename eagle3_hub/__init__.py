@@ -1,13 +1,18 @@
 """eagle3-hub: EAGLE-3 speculative decoding for the Hugging Face stack.
 
 The names below load on first use, so that ``import eagle3_hub.cli`` (``eagle3-hub --help``) imports neither torch
-nor transformers. The first of them wires the draft model into transformers (``formats.wire``: AutoConfig /
-AutoModel know ``eagle3_draft``, and ``Eagle3DraftModel`` loads and saves every published layout).
+nor transformers. The import itself is enough for transformers to know the draft (``registration``: AutoConfig /
+AutoModel know ``eagle3_draft``, and ``Eagle3DraftModel`` loads and saves every published layout), whatever is
+imported before or after it.
 """
 
 from __future__ import annotations
 
 import importlib
+
+from . import registration
+
+registration.install()
 
 __version__ = "0.1.0"
 
@@ -31,9 +36,6 @@ __all__ = sorted(_NAMES)
 def __getattr__(name: str):
     if name not in _NAMES:
         raise AttributeError(f"module 'eagle3_hub' has no attribute {name!r}")
-    from .formats import wire
-
-    wire()
     value = getattr(importlib.import_module(_NAMES[name], __name__), name)
     globals()[name] = value
     return value

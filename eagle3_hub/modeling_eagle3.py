@@ -543,9 +543,9 @@ def check_finite_weights(model: nn.Module, where) -> None:
                          "another checkpoint of it, or train it again (a diverged run writes such weights).")
 
 
-# What eagle3_hub.formats adds when the package is imported: loading the foreign layouts ("load"), checks and
-# engine keys around saving ("prepare_save", "finish_save"). The model file never imports formats (the code
-# is also shipped alone as remote code); formats registers itself here.
+# What eagle3_hub.formats adds: loading the foreign layouts ("load"), checks and engine keys around saving
+# ("prepare_save", "finish_save"). The model file never imports formats (the code is also shipped alone as remote
+# code); eagle3_hub.registration fills these as this module is imported in the package.
 _LAYOUT_HOOKS: dict = {}
 
 
@@ -559,7 +559,7 @@ def register_layout_hooks(**hooks):
 
 
 def _layout_hooks() -> dict:
-    # filled by eagle3_hub.formats when the package is imported; a remote-code copy has none (its own layout only)
+    # filled in the package (eagle3_hub.registration, then formats); a remote-code copy has none (its own layout only)
     return _LAYOUT_HOOKS
 
 

@@ -13,7 +13,10 @@ Endpoints (as called by huggingface_hub 1.x/2.x):
 - ``PUT  /_lfs/{oid}`` and ``POST /_lfs/{oid}/verify``       the LFS object store (sha256 checked)
 - ``POST /api/{type}s/{repo}/commit/{rev}``                 ndjson commit (header, file, lfsFile)
 - ``GET  /api/{type}s/{repo}/tree/{rev}``                   file listing
+- ``GET  /api/{type}s/{repo}/revision/{rev}``               repo info at a revision
 - ``HEAD|GET /{[datasets/]}{repo}/resolve/{rev}/{path}``    file download
+
+``{rev}`` is ``main`` or the oid of any commit: reads see the files as that commit left them.
 
 The Xet transfer protocol is not spoken: run the client with ``HF_HUB_DISABLE_XET=1`` (or patch
 ``huggingface_hub.constants.HF_HUB_DISABLE_XET``) so that large files take the LFS route.
@@ -43,10 +46,17 @@ class Repo:
     private: bool
     files: dict[str, bytes] = field(default_factory=dict)
     commits: list[dict] = field(default_factory=list)
+    snapshots: dict[str, dict[str, bytes]] = field(default_factory=dict)  # commit oid -> the files it left
 
     @property
     def sha(self) -> str:
         return self.commits[-1]["oid"] if self.commits else "0" * 40
+
+    def at(self, rev: str | None) -> tuple[str, dict[str, bytes]] | None:
+        """(oid, files) at ``rev`` (``main``, None or a commit oid), or None for an unknown revision."""
+        if rev in (None, "main", self.sha):
+            return self.sha, self.files
+        return (rev, self.snapshots[rev]) if rev in self.snapshots else None
 
 
 class HubState:
@@ -283,6 +293,7 @@ class _Handler(BaseHTTPRequestHandler):
                 else:
                     r.files[path] = data
             r.commits.append({"oid": oid, "summary": header["summary"], "files": sorted(new_files)})
+            r.snapshots[oid] = dict(r.files)
         prefix = "datasets/" if type == "dataset" else ""
         self._send(200, {"commitUrl": f"{self.base}/{prefix}{repo}/commit/{oid}", "commitOid": oid, "pullRequestUrl": None})
 
@@ -290,10 +301,12 @@ class _Handler(BaseHTTPRequestHandler):
         r = self._repo(type, repo)
         if r is None or not self._can_read(r):
             return self._error(404, "Repository Not Found", "RepoNotFound")
+        if (found := r.at(rev)) is None:
+            return self._error(404, f"Invalid rev id: {rev}", "RevisionNotFound")
         sub = (path or "").strip("/")
         entries = [
             {"type": "file", "path": p, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
-            for p, d in sorted(r.files.items())
+            for p, d in sorted(found[1].items())
             if not sub or p.startswith(sub + "/")
         ]
         self._send(200, entries)
@@ -302,18 +315,24 @@ class _Handler(BaseHTTPRequestHandler):
         r = self._repo(type, repo)
         if r is None or not self._can_read(r):
             return self._error(404, "Repository Not Found", "RepoNotFound")
-        self._send(200, {"id": repo, "sha": r.sha, "private": r.private, "siblings": [{"rfilename": p} for p in sorted(r.files)]})
+        if (found := r.at(rev)) is None:
+            return self._error(404, f"Invalid rev id: {rev}", "RevisionNotFound")
+        oid, files = found
+        self._send(200, {"id": repo, "sha": oid, "private": r.private, "siblings": [{"rfilename": p} for p in sorted(files)]})
 
     def h_resolve(self, repo: str, rev: str, path: str, prefix: str | None = None):
         head = self.command == "HEAD"
         r = self._repo("dataset" if prefix else "model", repo)
         if r is None or not self._can_read(r):
             return self._error(404, "Repository Not Found", "RepoNotFound", head=head)
-        data = r.files.get(path)
+        if (found := r.at(rev)) is None:
+            return self._error(404, f"Invalid rev id: {rev}", "RevisionNotFound", head=head)
+        oid, files = found
+        data = files.get(path)
         if data is None:
             return self._error(404, "Entry not found", "EntryNotFound", head=head)
         etag = '"' + hashlib.sha256(data).hexdigest() + '"'
-        self._send(200, raw=data, headers={"X-Repo-Commit": r.sha, "ETag": etag}, head=head)
+        self._send(200, raw=data, headers={"X-Repo-Commit": oid, "ETag": etag}, head=head)
 
 
 class FakeHub:

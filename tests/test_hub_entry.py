@@ -30,10 +30,10 @@ def _inner():
 
 def test_the_call_is_read_from_the_nearest_generate_frame_and_is_empty_elsewhere():
     got = _Mixin().generate(custom_generate="user/draft", trust_remote_code=True, revision="v1")
-    assert got == CustomGenerateCall("user/draft", "v1", True)
-    assert _Mixin().generate(custom_generate="user/draft") == CustomGenerateCall("user/draft", None, None)
-    assert custom_generate_call() == CustomGenerateCall(None, None, None)  # not inside a custom_generate call
-    assert _Mixin().generate(custom_generate=None) == CustomGenerateCall(None, None, None)  # a callable, not a repo
+    assert got == CustomGenerateCall("user/draft", True)
+    assert _Mixin().generate(custom_generate="user/draft") == CustomGenerateCall("user/draft", None)
+    assert custom_generate_call() == CustomGenerateCall(None, None)  # not inside a custom_generate call
+    assert _Mixin().generate(custom_generate=None) == CustomGenerateCall(None, None)  # a callable, not a repo
 
 
 def test_a_draft_named_by_draft_is_loaded_from_its_folder(tmp_path):
@@ -93,3 +93,56 @@ def test_without_the_package_no_code_of_the_repo_runs_without_trust_remote_code(
     assert got["modeling_code_loaded"] == []
     if gate == "ungated":  # our refusal, not transformers'
         assert "needs remote code" in got["result"]
+
+
+_FROM_THE_HUB = """
+import importlib.abc, json, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name == "eagle3_hub" or name.startswith("eagle3_hub."):
+            raise ImportError("eagle3_hub is not installed here")
+sys.meta_path.insert(0, Block())
+import torch, transformers
+from transformers import AutoModelForCausalLM
+target_dir, repo, revision = sys.argv[1:4]
+target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32)
+seen = []
+out = target.generate(torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]]), custom_generate=repo, trust_remote_code=True,
+                      max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0, lookup_tokens=0,
+                      adaptive=False, on_step=lambda tokens, drafted: seen.append(drafted[0]),
+                      **({"revision": revision} if revision else {}))
+print("RESULT " + json.dumps({"tokens": out[0].tolist(), "from_draft": sum(seen), "transformers": transformers.__version__}))
+"""
+
+
+def test_a_hub_repo_runs_at_the_revision_asked_for(tmp_path, monkeypatch):
+    """``custom_generate="user/repo"`` with and without ``revision=``, from a (local fake) Hub whose first commit holds
+    a draft that copies the target and whose second a random one: the call runs the draft of the revision asked
+    for, and gives plain greedy's tokens either way. The package is not importable where it runs."""
+    import huggingface_hub
+    from hub_server import FakeHub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_DISABLE_XET", True)
+    target = make_tiny_target("llama")
+    target.save_pretrained(tmp_path / "target")
+    ids = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    expected = plain_greedy(target, ids, 24)[0].tolist()
+    copy_draft(target).save_pretrained(tmp_path / "good")
+    random_draft(target).save_pretrained(tmp_path / "random")
+    with FakeHub({"hf_alice": "alice"}) as hub:
+        api = huggingface_hub.HfApi(endpoint=hub.url, token="hf_alice")
+        api.create_repo("alice/draft")
+        first = api.upload_folder(repo_id="alice/draft", folder_path=tmp_path / "good").oid
+        api.upload_folder(repo_id="alice/draft", folder_path=tmp_path / "random")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_"))}
+        env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"), HF_HUB_DISABLE_XET="1", OMP_NUM_THREADS="1")
+        runs = {}
+        for name, revision in (("main", ""), ("first", first)):
+            res = subprocess.run([sys.executable, "-c", _FROM_THE_HUB, str(tmp_path / "target"), "alice/draft", revision],
+                                 capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+            assert res.returncode == 0, res.stderr[-3000:]
+            runs[name] = json.loads(res.stdout.rpartition("RESULT ")[2])
+        first_files = {p for m, p in hub.state.requests if f"/resolve/{first}/" in p}
+    assert runs["main"]["tokens"] == runs["first"]["tokens"] == expected
+    assert runs["first"]["from_draft"] > runs["main"]["from_draft"]  # the copy draft: its revision's, not main's
+    assert {"/alice/draft/resolve/" + first + "/" + f for f in ("config.json", "model.safetensors")} <= first_files

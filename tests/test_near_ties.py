@@ -95,10 +95,23 @@ def test_a_wrong_token_is_caught_and_bf16_greedy_is_not():
     assert report.lossless_text(lossless["tree"]) == "NO (1 of 1 turns differ)"
 
 
+def test_plain_steps_recompute_plain_bf16_decodings_own_choice():
+    """``plain_step_gaps`` is plain bf16 greedy's own step on the exact prefix: every token plain bf16 decoding emitted
+    is its choice there (gap exactly 0), and a token it did not emit is not."""
+    target = make_tiny_target("llama", seed=1).to(torch.bfloat16)
+    for seed in range(2):
+        prompt = torch.randint(3, 256, (9,), generator=torch.Generator().manual_seed(seed)).tolist()
+        out = _greedy(target, torch.tensor([prompt]), 24)
+        gaps, best = near_ties.plain_step_gaps(target, prompt, out)
+        assert gaps.shape == best.shape == (24,) and gaps.tolist() == [0.0] * 24
+        other = out[:7] + [(out[7] + 1) % 256]
+        assert float(near_ties.plain_step_gaps(target, prompt, other)[0][7]) > 0
+
+
 def test_a_token_is_flagged_only_when_neither_precision_calls_it_a_near_tie():
     """A near-tie as SmolLM2-135M in bf16 with a growing tree can emit one: float32 puts the emitted token 0.80
-    below its best (tolerance 0.5 at 29.57), a bf16 prefill of the same text 0.375 (tolerance 0.5): a bf16
-    near-tie, not flagged. A token far below the best in both is; one over the bf16 tolerance alone is not."""
+    below its best (tolerance 0.5 at 29.57), plain bf16 decoding's step 0.375 (tolerance 0.5): a bf16 near-tie, not
+    flagged. A token far below the best in both is; one over the bf16 tolerance alone is not."""
     gaps, best = torch.tensor([0.7964, 6.0, 0.1]), torch.tensor([29.5692, 29.5692, 29.5692])
     own_gaps, own_best = torch.tensor([0.375, 6.125, 0.75]), torch.tensor([29.5, 29.5, 29.5])
     tol, own_tol, over32, flagged = near_ties.near_tie_flags(gaps, best, own_gaps, own_best, torch.bfloat16)

@@ -12,11 +12,14 @@ decoder, plain or tree, only ever emits a token within rounding of the best; a b
 mask, an off-by-one in the accepted path) emits tokens far below it. The tolerance is a few bf16 steps at the
 logits' magnitude, and plain decoding's own gaps are reported next to every method's, so the two can be compared.
 
-The rounding of a bf16 forward is not only that of its last step: it builds up over the layers, and a pair of logits
-can move by more than a few final steps. So the same output is also scored teacher-forced by the target itself, in
-its own dtype, and a token is flagged only when *neither* precision ranks it within the tolerance of its best. A bug
-is still caught (a wrong token is far below the best in both); a bf16 tie is not: a verification can hold two
-tokens at the same bf16 logit (argmax takes the lower id) where a float32 prefill ranks them apart.
+The rounding of a bf16 forward is not only that of its last step: it builds up over the layers, and plain bf16
+decoding itself emits tokens more than a few steps below the float32 best. So a token over the float32 tolerance is
+asked the question that defines a correct decoder: would plain decoding, in the run's dtype, choose it on that exact
+prefix? ``plain_step_logits`` recomputes plain decoding's own steps (``target.generate``, the prompt then one token
+per step with the cache, each step forced to the emitted token). A token plain decoding would choose there is
+correct, whatever its float32 gap; one it would not is flagged unless plain's step holds it within the tolerance of
+its choice (where a tree verification and a one-token step part at a tie: they round differently). A bug is caught:
+a wrong token is far below the best in both precisions.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import copy
 import math
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 # a token is a near-tie choice when its float32 logit is within this many steps of the reduced dtype (at the
 # magnitude of the best logit) of the best one
@@ -64,6 +68,43 @@ def argmax_gaps(reference, prompt_ids: list[int], output_ids: list[int]) -> tupl
     return (best - chosen).cpu(), best.cpu()
 
 
+class _Forced(LogitsProcessor):
+    """Keeps each step's scores (plain decoding's own) and makes the step emit the given token."""
+
+    def __init__(self, tokens: list[int]):
+        self.tokens, self.scores = tokens, []
+
+    def __call__(self, input_ids, scores):
+        self.scores.append(scores[0].float().clone())
+        forced = torch.full_like(scores, -math.inf)
+        forced[:, self.tokens[len(self.scores) - 1]] = 0
+        return forced
+
+
+@torch.inference_mode()
+def plain_step_logits(target, prompt_ids: list[int], output_ids: list[int]) -> torch.Tensor:
+    """(n, V): the logits plain greedy decoding (``target.generate``, the target's dtype) computes for each of
+    ``output_ids`` after ``prompt_ids``, each step forced to the emitted token (the same kernels and cache)."""
+    if not output_ids:
+        return torch.zeros(0, 0)
+    device = next(target.parameters()).device
+    forced = _Forced(output_ids)
+    ids = torch.tensor([prompt_ids], device=device)
+    target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(output_ids), min_new_tokens=None,
+                    do_sample=False, num_beams=1, eos_token_id=[], repetition_penalty=None,
+                    logits_processor=LogitsProcessorList([forced]))
+    return torch.stack(forced.scores).cpu()
+
+
+def plain_step_gaps(target, prompt_ids: list[int], output_ids: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per output token, under plain decoding's own steps: (gap, best logit), gap 0 where plain would choose it."""
+    if not output_ids:
+        return torch.zeros(0), torch.zeros(0)
+    logits = plain_step_logits(target, prompt_ids, output_ids)
+    best = logits.max(dim=-1).values
+    return best - logits.gather(1, torch.tensor(output_ids)[:, None]).squeeze(1), best
+
+
 def tolerance(best: torch.Tensor, dtype: torch.dtype, steps: float = TOLERANCE_STEPS) -> torch.Tensor:
     """Per token, ``steps`` steps of ``dtype`` at the magnitude of its best logit."""
     return torch.tensor([steps * step_at(float(b), dtype) for b in best.tolist()])
@@ -71,8 +112,9 @@ def tolerance(best: torch.Tensor, dtype: torch.dtype, steps: float = TOLERANCE_S
 
 def near_tie_flags(gaps: torch.Tensor, best: torch.Tensor, own_gaps: torch.Tensor, own_best: torch.Tensor,
                    dtype: torch.dtype, steps: float = TOLERANCE_STEPS):
-    """Per token, from its float32 (gap, best logit) and the reduced-precision target's own: (the float32 tolerance,
-    the own tolerance, over the float32 tolerance, flagged = over both tolerances)."""
+    """Per token, from its float32 (gap, best logit) and plain decoding's own step (``plain_step_gaps``): (the float32
+    tolerance, the own tolerance, over the float32 tolerance, flagged = over both: plain decoding would not choose it
+    there, nor hold it within the tolerance of its choice)."""
     tol, own_tol = tolerance(best, dtype, steps), tolerance(own_best, dtype, steps)
     over32 = gaps > tol
     return tol, own_tol, over32, over32 & (own_gaps > own_tol)
@@ -81,9 +123,9 @@ def near_tie_flags(gaps: torch.Tensor, best: torch.Tensor, own_gaps: torch.Tenso
 def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE_STEPS) -> dict:
     """Per method, over its greedy records (each with ``prompt_ids`` and ``output_ids``): tokens scored, tokens
     that are the float32 argmax, the largest float32 gap, the tokens over the float32 tolerance (``steps`` steps of
-    ``dtype`` at the best logit), and ``over_tolerance``: those of them that the target itself (``dtype``, teacher-
-    forced on the same text) also ranks more than ``steps`` of its own steps below its best (a near-tie in neither
-    precision); ``own_max_gap``: the largest gap under the target itself; ``by_suite``: tokens, largest gap and
+    ``dtype`` at the best logit), and ``over_tolerance``: those of them that plain decoding (``dtype``, its own steps
+    on the same prefix) would not choose, nor hold within ``steps`` of its steps of its choice; ``own_max_gap``: the
+    largest gap under plain decoding's steps, over the turns that had a token to ask about; ``by_suite``: tokens, largest gap and
     tokens over the tolerance per suite; ``flagged``: where the first ``MAX_FLAGGED`` of those tokens are (question,
     turn, token index, both gaps and tolerances), so that a failure can be traced without running again."""
     reference = float32_reference(target)
@@ -93,7 +135,9 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
             if r.mode != "greedy":
                 continue
             gaps, best = argmax_gaps(reference, r.prompt_ids, r.output_ids)
-            own_gaps, own_best = argmax_gaps(target, r.prompt_ids, r.output_ids)
+            own_gaps, own_best = torch.zeros_like(gaps), best  # asked only where float32 alone would flag
+            if bool((gaps > tolerance(best, dtype, steps)).any()):
+                own_gaps, own_best = plain_step_gaps(target, r.prompt_ids, r.output_ids)
             tol, own_tol, over32, flagged = near_tie_flags(gaps, best, own_gaps, own_best, dtype, steps)
             e = report.setdefault(
                 r.method,
@@ -128,5 +172,5 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
     return report
 
 
-__all__ = ["TOLERANCE_STEPS", "argmax_gaps", "float32_reference", "near_tie_check", "near_tie_flags", "reduced_precision",
-           "step_at", "tolerance"]
+__all__ = ["TOLERANCE_STEPS", "argmax_gaps", "float32_reference", "near_tie_check", "near_tie_flags", "plain_step_gaps",
+           "plain_step_logits", "reduced_precision", "step_at", "tolerance"]

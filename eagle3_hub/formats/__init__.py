@@ -37,14 +37,15 @@ the target in it). Weights are read and written as safetensors only; pickled che
 Modules: ``aux_layers`` (the two id conventions), ``files`` (reading a folder or Hub snapshot), ``fields`` (every
 config field modelled, inert, refused or warned about), ``layouts`` (detection, configs, tensor checks, the loading
 hook), ``saving`` (the save hooks), ``engines`` (engine folders), ``convert``.
-Importing this package wires the model into transformers (``wire``: the Auto classes, and these loading and saving
-hooks in ``Eagle3DraftModel``; the model file never imports it: the model code is also shipped alone, as remote code).
+Importing this package puts its loading and saving hooks into ``Eagle3DraftModel`` (``wire``; the model file never
+imports it, as the model code is also shipped alone, as remote code). ``import eagle3_hub`` alone already makes the
+model import this package on its first load or save, and AutoConfig / AutoModel know the draft (``registration``).
 """
 
 from __future__ import annotations
 
-from ..configuration_eagle3 import Eagle3Config, default_aux_layer_ids
-from ..modeling_eagle3 import Eagle3DraftModel, register_layout_hooks
+from ..configuration_eagle3 import default_aux_layer_ids
+from ..modeling_eagle3 import register_layout_hooks
 from .aux_layers import (
     AUX_OVERRIDE_HINT,
     engine_default_aux_layer_ids,
@@ -73,13 +74,9 @@ from .saving import AUTO_MAP, CODE_FILES, engine_keys, finish_save, identity_voc
 
 
 def wire() -> None:
-    """Wire the draft model into transformers (at import, and again harmlessly): AutoConfig / AutoModel know
-    ``eagle3_draft``, and ``Eagle3DraftModel.from_pretrained`` / ``save_pretrained`` call this package's hooks."""
-    from transformers import AutoConfig, AutoModel
-
+    """``Eagle3DraftModel.from_pretrained`` / ``save_pretrained`` call this package's hooks (at import, and again
+    harmlessly). The Auto classes are ``eagle3_hub.registration``'s."""
     register_layout_hooks(load=load_foreign_draft, prepare_save=prepare_save, finish_save=finish_save)
-    AutoConfig.register(Eagle3Config.model_type, Eagle3Config, exist_ok=True)
-    AutoModel.register(Eagle3Config, Eagle3DraftModel, exist_ok=True)
 
 
 wire()

@@ -34,12 +34,14 @@ def generate(
     negative_prompt_attention_mask=None,
     draft=None,
     tokenizer=None,
+    revision=None,
     **kwargs,
 ):
     """Runs ``tree_generate`` through transformers with ``draft``: a loaded EAGLE-3 draft, a repo id or a folder
     (``draft="user/draft-repo"``), or by default the draft in the repo this file came from. Code of a repo loads only
     with the caller's ``trust_remote_code=True`` (``hub_caller``). The tree-shape keywords of ``tree_generate`` pass
-    through."""
+    through. ``revision``: the repo's revision, which transformers hands over with the other arguments; it is the
+    repo's, not ``generate``'s, so it is not passed on."""
     if negative_prompt_ids is not None or negative_prompt_attention_mask is not None:
         raise ValueError("Tree decoding does not support negative prompts.")
     if draft is None:
@@ -49,7 +51,7 @@ def generate(
         if call.repo is None:
             raise ValueError("Could not tell which repo this custom_generate came from: pass the draft explicitly, "
                              "draft='user/draft-repo' (or a loaded draft).")
-        draft = load_draft(call.repo, model, call.revision, trust_remote_code=call.trust_remote_code)
+        draft = load_draft(call.repo, model, revision, trust_remote_code=call.trust_remote_code)
     elif isinstance(draft, (str, Path)):
         draft = load_draft(str(draft), model, trust_remote_code=custom_generate_call().trust_remote_code)
     stop_strings = kwargs.pop("stop_strings", None)
