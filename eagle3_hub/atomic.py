@@ -94,7 +94,7 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
 
 def _writer_is_gone(folder: Path, kind: str, name: str) -> bool:
     """Whether ``folder`` (``.<name>.<kind>-<pid>-*``) was left by a process that no longer runs."""
-    pid = folder.name[len(f".{name}.{kind}-"):].split("-", 1)[0]
+    pid = folder.name[len(f".{name}.{kind}-") :].split("-", 1)[0]
     if not pid.isdigit():
         return False  # not named by this module: not ours to remove
     try:

@@ -13,105 +13,23 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 from pathlib import Path
 
 from .atomic import atomic_copy, atomic_path, atomic_write_text
-from .network import is_network_error
-from .targets import is_embedded, named_target
+from .target_terms import HUB_ID_PATTERN, target_hub_id, target_license
+from .targets import named_target
 
 logger = logging.getLogger(__name__)
 
 CARD_MARKER = "<!-- model card written by eagle3-hub; `eagle3-hub card` rewrites it -->"
-EMBEDDED_HUB_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 TAGS = ["eagle3", "speculative-decoding", "draft-model", "eagle3-hub"]
 ENGINE_ARCHITECTURES = ("LlamaForCausalLMEagle3", "Eagle3LlamaForCausalLM")
-_HUB_ID = re.compile(r"[\w.-]+/[\w.-]+")
 # in the usage snippets when the card does not know the repository (`eagle3-hub card --repo-id`, `push` set it)
 REPO_PLACEHOLDER = "YOUR_NAME/YOUR_DRAFT_REPO"
 TARGET_PLACEHOLDER = "TARGET_MODEL"  # a target that is a local path
 
 
 # ----------------------------------------------------------------------------------------- the target
-def target_hub_id(target: str | None) -> str | None:
-    """The Hub id of a target spec: the embedded SmolLM2's origin, a named target's origin (``--target
-    gemma-3-270m``), a repo id as is, ``None`` for local paths."""
-    if is_embedded(target):
-        return EMBEDDED_HUB_ID
-    if named_target(target) is not None:
-        return named_target(target).hub_id
-    if Path(target).expanduser().exists():
-        return None
-    return target if _HUB_ID.fullmatch(target) else None
-
-
-def gguf_metadata_value(path: str | Path, key: str):
-    """One metadata value of a GGUF file (``gguf``'s reader maps the file; no tensor is read), None when absent.
-    A file that is not GGUF is a ``ValueError``."""
-    from gguf import GGUFReader
-
-    field = GGUFReader(str(path)).get_field(key)
-    return None if field is None else field.contents()
-
-
-def _gguf_license(path: Path) -> str | None:
-    try:
-        value = gguf_metadata_value(path, "general.license")
-    except (OSError, KeyError, ValueError):
-        return None
-    return str(value) if value else None
-
-
-def target_license(target: str | None, timeout: float = 10.0) -> dict:
-    """``{"license": ..., "license_name": ..., "license_link": ...}`` (only the keys found) of a target: from a
-    local folder's README.md or config.json, a GGUF file's metadata, or the Hub model card when online."""
-    from huggingface_hub import ModelCard
-
-    if is_embedded(target):
-        from .targets import EMBEDDED_GGUF, embedded_gguf_dir
-
-        lic = _gguf_license(embedded_gguf_dir() / EMBEDDED_GGUF)
-        return {"license": lic} if lic else {}
-    spec = named_target(target)
-    if spec is not None:  # its terms, as its package states them (a draft trained on its outputs carries them)
-        return {k: v for k, v in (("license", spec.license), ("license_link", spec.license_link)) if v}
-    path = Path(target).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        lic = _gguf_license(path)
-        return {"license": lic} if lic else {}
-    if path.is_dir():
-        if (path / "README.md").is_file():
-            data = ModelCard.load(path / "README.md", ignore_metadata_errors=True).data.to_dict()
-            found = {k: data[k] for k in ("license", "license_name", "license_link") if data.get(k)}
-            if found:
-                return found
-        if (path / "config.json").is_file():
-            lic = json.loads((path / "config.json").read_text()).get("license")
-            if lic:
-                return {"license": lic}
-        for gguf in sorted(path.glob("*.gguf")):
-            lic = _gguf_license(gguf)
-            if lic:
-                return {"license": lic}
-        return {}
-    from huggingface_hub import HfApi, constants
-
-    if constants.HF_HUB_OFFLINE or not _HUB_ID.fullmatch(str(target)):
-        return {}
-    from huggingface_hub.errors import HfHubHTTPError, OfflineModeIsEnabled
-
-    try:
-        card = HfApi().model_info(target, timeout=timeout).card_data
-    except Exception as e:  # unknown, gated or unreachable: said; anything else is a bug and propagates
-        if not (isinstance(e, (HfHubHTTPError, OfflineModeIsEnabled, OSError)) or is_network_error(e)):
-            raise
-        logger.warning("Could not read the license of %s from the Hub (%s); the card names none: pass --license.",
-                       target, " ".join(str(e).split()) or type(e).__name__)
-        return {}
-    data = card.to_dict() if card is not None else {}
-    return {k: data[k] for k in ("license", "license_name", "license_link") if data.get(k)}
-
-
 # ----------------------------------------------------------------------------------------- the draft
 def count_parameters(folder: Path) -> tuple[int | None, bool]:
     """(parameters stored in the folder's safetensors files, read from their headers, without the token
@@ -155,8 +73,10 @@ def check_repo_id(repo_id: str, what: str = "repo id") -> str:
     try:
         validate_repo_id(repo_id)
     except HFValidationError as e:
-        raise ValueError(f"{what} {repo_id!r} is not a Hub repository id ({str(e).splitlines()[0]}): give `name` or "
-                         "`owner/name`, letters, digits, '-', '_' and '.'.") from None
+        raise ValueError(
+            f"{what} {repo_id!r} is not a Hub repository id ({str(e).splitlines()[0]}): give `name` or "
+            "`owner/name`, letters, digits, '-', '_' and '.'."
+        ) from None
     return repo_id
 
 
@@ -192,11 +112,16 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
     with_same = any(r.get("speedup_same_forward") is not None for r in rows)  # the run had the second baseline
     with_loops = any(r.get("loop_share") is not None for r in rows)
     lines = [
-        "| Suite | " + ("Mode | " if len(modes) > 1 else "") + "Method | Tokens/s | Speed-up"
+        "| Suite | "
+        + ("Mode | " if len(modes) > 1 else "")
+        + "Method | Tokens/s | Speed-up"
         + (" | vs same forward" if with_same else "")
         + " | Mean acceptance length | Accepted at draft position 1/2/3 | Same output as plain greedy"
-        + (" | Loop share" if with_loops else "") + " |",
-        "|---|---|---|---|---|---|---|" + ("---|" if with_same else "") + ("---|" if len(modes) > 1 else "")
+        + (" | Loop share" if with_loops else "")
+        + " |",
+        "|---|---|---|---|---|---|---|"
+        + ("---|" if with_same else "")
+        + ("---|" if len(modes) > 1 else "")
         + ("---|" if with_loops else ""),
     ]
     for r in rows:
@@ -211,8 +136,10 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
         suite = "all suites" if r["suite"] == "_all" else r["suite"]
         mode_cell = f"{r['mode']} | " if len(modes) > 1 else ""
         loops = f" | {loop_text(r.get('loop_share'))}" if with_loops else ""
-        lines.append(f"| {suite} | {mode_cell}{r['method']} | {tps} | {speed} | {tau} | "
-                     f"{acceptance_text(r['acceptance_by_position'], 3)} | {same}{loops} |")
+        lines.append(
+            f"| {suite} | {mode_cell}{r['method']} | {tps} | {speed} | {tau} | "
+            f"{acceptance_text(r['acceptance_by_position'], 3)} | {same}{loops} |"
+        )
     s = bench["settings"]
     suites_text = ", ".join(f"{x['name']} ({x['questions']} questions)" for x in s["suites"])
     mode = " and ".join(modes) if modes else "greedy"
@@ -226,8 +153,12 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
         "tree decoding; *vs same forward*: speed-up over plain decoding through the target forward tree decoding "
         "verifies with (*same_forward*), what speculation alone buys. Mean acceptance length = tokens committed per "
         "target forward."
-        + (" Loop share: the share of each output's 8-grams that repeat an earlier one; LOOPS marks rows whose "
-           "outputs loop, where a speed-up measures copying the loop, not drafting." if with_loops else ""),
+        + (
+            " Loop share: the share of each output's 8-grams that repeat an earlier one; LOOPS marks rows whose "
+            "outputs loop, where a speed-up measures copying the loop, not drafting."
+            if with_loops
+            else ""
+        ),
         "",
         *lines,
         "",
@@ -237,19 +168,28 @@ def _bench_section(bench: dict, chart: str | None, target: str, repo: str) -> st
     for m, sweep in (bench.get("sweep") or {}).items():
         if sweep.get("best"):
             best = {k: v for k, v in sweep["best"].items() if k != "speedup"}
-            out += [f"Best tree setting on this machine ({m}): {', '.join(f'`{k}={v}`' for k, v in best.items())} "
-                    f"({sweep['best']['speedup']:.2f}×).", ""]
+            out += [
+                f"Best tree setting on this machine ({m}): {', '.join(f'`{k}={v}`' for k, v in best.items())} "
+                f"({sweep['best']['speedup']:.2f}×).",
+                "",
+            ]
     if any(e.get("near_ties") for e in lossless.values()):
-        out += [f"In {bench['machine'].get('dtype')}, verifying several tokens at once rounds differently from one-token "
-                "decoding, so outputs can part from plain greedy at a near-tie. Every greedy output of this run, plain's "
-                "included, was scored by a float32 copy of the target: *yes, up to near-ties* means each emitted token "
-                "was within rounding of the float32 target's best, or of the target's own best in its dtype on the same "
-                "text (the largest float32 gaps are given). In float32 the outputs are token for token plain "
-                "greedy's.", ""]
+        out += [
+            f"In {bench['machine'].get('dtype')}, verifying several tokens at once rounds differently from one-token "
+            "decoding, so outputs can part from plain greedy at a near-tie. Every greedy output of this run, plain's "
+            "included, was scored by a float32 copy of the target: *yes, up to near-ties* means each emitted token "
+            "was within rounding of the float32 target's best, or of the target's own best in its dtype on the same "
+            "text (the largest float32 gaps are given). In float32 the outputs are token for token plain "
+            "greedy's.",
+            "",
+        ]
     if chart:
         out += [f"![Speed-up and acceptance by draft position]({chart})", ""]
-    out += ["Speed-ups depend on the hardware, the dtype and the prompts; measure yours with "
-            f"`eagle3-hub bench --target {target} --draft {repo}`.", ""]
+    out += [
+        "Speed-ups depend on the hardware, the dtype and the prompts; measure yours with "
+        f"`eagle3-hub bench --target {target} --draft {repo}`.",
+        "",
+    ]
     return "\n".join(out)
 
 
@@ -261,7 +201,16 @@ def _training_section(info: dict) -> str:
     if data:
         items = data if isinstance(data, list) else [data]
         names = [d if isinstance(d, str) else d.get("name") or d.get("path") or json.dumps(d) for d in items]
-        out.append("Data: " + ", ".join(f"[{n}](https://huggingface.co/datasets/{n})" if _HUB_ID.fullmatch(n) and not Path(n).exists() else f"`{n}`" for n in names) + ".")
+        out.append(
+            "Data: "
+            + ", ".join(
+                f"[{n}](https://huggingface.co/datasets/{n})"
+                if HUB_ID_PATTERN.fullmatch(n) and not Path(n).exists()
+                else f"`{n}`"
+                for n in names
+            )
+            + "."
+        )
         if info.get("regenerated") or info.get("regenerate"):
             out.append("The responses were regenerated by the target, so that the draft learns the target's own distribution.")
         out.append("")
@@ -279,9 +228,11 @@ def _training_section(info: dict) -> str:
 def _usage_section(repo: str, target: str, config: dict, tree_params: dict | None, prompt_only: bool = False) -> str:
     tree = tree_params or {}
     depth, topk, total = tree.get("depth"), tree.get("tree_top_k"), tree.get("total_tokens")
-    tree_args = "".join(f", {k}={tree[k]}" for k in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob",
-                                                      "grow_min_prob")
-                        if tree.get(k) is not None)
+    tree_args = "".join(
+        f", {k}={tree[k]}"
+        for k in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob")
+        if tree.get(k) is not None
+    )
     out = [
         "## Usage",
         "",
@@ -299,11 +250,17 @@ def _usage_section(repo: str, target: str, config: dict, tree_params: dict | Non
         f'draft = Eagle3DraftModel.from_pretrained("{repo}", dtype=torch.bfloat16).to(target.device)',
         "draft.bind(target)  # shares the target's embedding, hooks its feature layers",
         "",
-        *(['# a base model, prompted as the draft was trained: the text, then a newline',
-           'inputs = tokenizer("Speculative decoding makes a language model faster by\\n", return_tensors="pt").to(target.device)']
-          if prompt_only else
-          ['messages = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]',
-           "inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors=\"pt\", return_dict=True).to(target.device)"]),
+        *(
+            [
+                "# a base model, prompted as the draft was trained: the text, then a newline",
+                'inputs = tokenizer("Speculative decoding makes a language model faster by\\n", return_tensors="pt").to(target.device)',
+            ]
+            if prompt_only
+            else [
+                'messages = [{"role": "user", "content": "Explain speculative decoding in two sentences."}]',
+                'inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True).to(target.device)',
+            ]
+        ),
         "",
         "# 1) as a transformers assistant: same output as target.generate, fewer target forwards",
         "out = target.generate(**inputs, assistant_model=draft, max_new_tokens=256)",
@@ -338,14 +295,18 @@ def _usage_section(repo: str, target: str, config: dict, tree_params: dict | Non
         ]
     native = engine_native(config)
     engine_repo = repo if native else "./draft-engine"
-    convert = [] if native else [
-        "This repository uses the eagle3-hub layout; export the layout the engines read first:",
-        "",
-        "```bash",
-        f"eagle3-hub convert {repo} ./draft-engine --to vllm",
-        "```",
-        "",
-    ]
+    convert = (
+        []
+        if native
+        else [
+            "This repository uses the eagle3-hub layout; export the layout the engines read first:",
+            "",
+            "```bash",
+            f"eagle3-hub convert {repo} ./draft-engine --to vllm",
+            "```",
+            "",
+        ]
+    )
     # engines draft every level: a tree grown by grow_min_prob has its depth as a cap, not as what it drafts
     steps, sglang_steps = depth or 3, depth or 5
     if tree.get("grow_min_prob"):
@@ -356,7 +317,7 @@ def _usage_section(repo: str, target: str, config: dict, tree_params: dict | Non
         *convert,
         "```bash",
         f"vllm serve {target} \\",
-        f"  --speculative-config '{{\"method\": \"eagle3\", \"model\": \"{engine_repo}\", \"num_speculative_tokens\": {steps}}}'",
+        f'  --speculative-config \'{{"method": "eagle3", "model": "{engine_repo}", "num_speculative_tokens": {steps}}}\'',
         "```",
         "",
         "### SGLang",
@@ -380,7 +341,8 @@ def _architecture(config: dict) -> str:
     types = config.get("layer_types") or []
     if "sliding_attention" in types:
         text += f"; sliding-window attention ({config.get('sliding_window')} positions) in layers " + ", ".join(
-            str(i) for i, t in enumerate(types) if t == "sliding_attention")
+            str(i) for i, t in enumerate(types) if t == "sliding_attention"
+        )
     return text
 
 
@@ -415,8 +377,10 @@ def _load_json(obj) -> dict | None:
         return obj
     path = Path(obj)
     if not path.is_file():
-        raise FileNotFoundError(f"{path} does not exist: pass a JSON file (a bench.json of `eagle3-hub bench`, the "
-                                "training_metrics.json of `eagle3-hub train`)")
+        raise FileNotFoundError(
+            f"{path} does not exist: pass a JSON file (a bench.json of `eagle3-hub bench`, the "
+            "training_metrics.json of `eagle3-hub train`)"
+        )
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -434,8 +398,10 @@ def _write_derivative_terms(folder: Path, target) -> None:
     atomic_write_text(folder / "NOTICE", target.notice + "\n")
     spec = importlib.util.find_spec(target.package)
     if spec is None or spec.origin is None:
-        raise FileNotFoundError(f"The card of a draft for {target.hub_id} must ship a copy of its terms, which come with "
-                                f"its package: {target.pip_command}")
+        raise FileNotFoundError(
+            f"The card of a draft for {target.hub_id} must ship a copy of its terms, which come with "
+            f"its package: {target.pip_command}"
+        )
     terms = Path(spec.origin).parent / target.terms_file
     atomic_copy(terms, folder / Path(target.terms_file).name)
 
@@ -476,8 +442,10 @@ def write_model_card(
     config = _load_json(config_path)
     readme = folder / "README.md"
     if (readme.exists() or readme.is_symlink()) and not card_is_ours(readme) and not force:
-        raise FileExistsError(f"{readme} was not written by eagle3-hub (it lacks the card's marker): the card never "
-                              "replaces it unless asked. Move it away, or pass --force (force=True) to replace it.")
+        raise FileExistsError(
+            f"{readme} was not written by eagle3-hub (it lacks the card's marker): the card never "
+            "replaces it unless asked. Move it away, or pass --force (force=True) to replace it."
+        )
     previous = ModelCard.load(readme, ignore_metadata_errors=True).data.to_dict() if card_is_ours(readme) else {}
     if previous.get("eagle3_hub_repo") is not None:
         try:
@@ -489,8 +457,10 @@ def write_model_card(
         training_info = folder / "training_info.json"
     info = _load_json(training_info) or {}
     if "recipe" in info:
-        raise ValueError("training_info is the training_metrics.json of `eagle3-hub train`: write the card with "
-                         "eagle3_hub.publish.write_card (or `eagle3-hub card`), which reads it as training information.")
+        raise ValueError(
+            "training_info is the training_metrics.json of `eagle3-hub train`: write the card with "
+            "eagle3_hub.publish.write_card (or `eagle3-hub card`), which reads it as training information."
+        )
     if bench_json is None and (folder / "bench.json").is_file():
         bench_json = folder / "bench.json"
     bench = _load_json(bench_json)
@@ -506,12 +476,20 @@ def write_model_card(
     if target is None and bench is not None:
         target = bench.get("settings", {}).get("target")
     hub_target = target_hub_id(target) if (target is not None or "target" in info) else None
-    licence = {"license": license} if license else (
-        {k: previous[k] for k in ("license", "license_name", "license_link") if previous.get(k)}
-        or (target_license(target) if (target is not None or "target" in info) else {})
+    licence = (
+        {"license": license}
+        if license
+        else (
+            {k: previous[k] for k in ("license", "license_name", "license_link") if previous.get(k)}
+            or (target_license(target) if (target is not None or "target" in info) else {})
+        )
     )
     data_ids = datasets or info.get("datasets") or previous.get("datasets") or []
-    data_ids = [d for d in (data_ids if isinstance(data_ids, list) else [data_ids]) if isinstance(d, str) and _HUB_ID.fullmatch(d) and not Path(d).exists()]
+    data_ids = [
+        d
+        for d in (data_ids if isinstance(data_ids, list) else [data_ids])
+        if isinstance(d, str) and HUB_ID_PATTERN.fullmatch(d) and not Path(d).exists()
+    ]
 
     card_data = ModelCardData(
         base_model=hub_target,
@@ -536,10 +514,18 @@ def write_model_card(
     derived = derived if derived is not None and derived.derivative_terms else None
     if derived is not None:
         _write_derivative_terms(folder, derived)
-    license_text = derived.derivative_terms if derived is not None else (
-        f"`{licence['license']}`, the license of the target model." if licence.get("license") else "Same terms as the target model.")
+    license_text = (
+        derived.derivative_terms
+        if derived is not None
+        else (
+            f"`{licence['license']}`, the license of the target model."
+            if licence.get("license")
+            else "Same terms as the target model."
+        )
+    )
     body = "\n".join(
-        part for part in (
+        part
+        for part in (
             CARD_MARKER,
             _what_section(name, target_text, config, count_parameters(folder)),
             _usage_section(repo, target_code, config, tree_params, prompt_only="prompt format" in info),
@@ -549,7 +535,8 @@ def write_model_card(
             "## Citation\n\n```bibtex\n@article{li2025eagle3,\n  title={{EAGLE-3}: Scaling up Inference Acceleration of "
             "Large Language Models via Training-Time Test},\n  author={Li, Yuhui and Wei, Fangyun and Zhang, Chao and "
             "Zhang, Hongyang},\n  journal={arXiv preprint arXiv:2503.01840},\n  year={2025}\n}\n```\n",
-        ) if part
+        )
+        if part
     )
     if repo_id or previous.get("eagle3_hub_repo"):
         card_data.eagle3_hub_repo = repo  # serialised by the card's YAML writer, never pasted into the header

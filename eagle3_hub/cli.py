@@ -16,12 +16,18 @@ import sys
 
 # subcommand -> (module, one-line help)
 COMMANDS = {
-    "generate": ("eagle3_hub.commands.generate", "generate text with EAGLE-3 tree decoding (default: embedded target + reference draft)"),
+    "generate": (
+        "eagle3_hub.commands.generate",
+        "generate text with EAGLE-3 tree decoding (default: embedded target + reference draft)",
+    ),
     "train": ("eagle3_hub.commands.train", "train an EAGLE-3 draft for a target (YAML recipe, every key a flag)"),
     "bench": ("eagle3_hub.commands.bench", "benchmark plain / prompt-lookup / assisted / tree decoding on question suites"),
     "card": ("eagle3_hub.commands.card", "write a draft's model card (README.md) from its config and bench results"),
     "push": ("eagle3_hub.commands.push", "upload a draft folder to the Hugging Face Hub"),
-    "convert": ("eagle3_hub.commands.convert", "convert a draft between layouts (EAGLE, SpecForge, speculators, vLLM, SGLang, ours)"),
+    "convert": (
+        "eagle3_hub.commands.convert",
+        "convert a draft between layouts (EAGLE, SpecForge, speculators, vLLM, SGLang, ours)",
+    ),
     "demo": ("eagle3_hub.commands.demo", "run the Gradio side-by-side speed demo, or export it as a Space folder"),
 }
 
@@ -41,8 +47,11 @@ def _module_name(name: str) -> str:
 
 
 def top_level_parser() -> argparse.ArgumentParser:
-    parser = CommandParser(prog="eagle3-hub", description="EAGLE-3 speculative decoding for the Hugging Face stack",
-                           epilog=f"--debug (before COMMAND) or {DEBUG_ENV}=1: show tracebacks instead of one-line errors")
+    parser = CommandParser(
+        prog="eagle3-hub",
+        description="EAGLE-3 speculative decoding for the Hugging Face stack",
+        epilog=f"--debug (before COMMAND) or {DEBUG_ENV}=1: show tracebacks instead of one-line errors",
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (_, help_text) in COMMANDS.items():
         sub.add_parser(name, help=help_text, add_help=False)

@@ -40,16 +40,20 @@ def check_available(device: torch.device) -> None:
     if device.type == "cuda":
         if not torch.cuda.is_available():
             why = "this torch was built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
-            raise ValueError(f"device {str(device)!r} is not available: {why} (torch {torch.__version__}); use --device "
-                             "cpu or auto")
+            raise ValueError(
+                f"device {str(device)!r} is not available: {why} (torch {torch.__version__}); use --device cpu or auto"
+            )
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device {str(device)!r} is not available: {torch.cuda.device_count()} CUDA GPU(s) are "
-                             "visible, numbered from 0")
+            raise ValueError(
+                f"device {str(device)!r} is not available: {torch.cuda.device_count()} CUDA GPU(s) are visible, numbered from 0"
+            )
     elif device.type == "mps":
         mps = getattr(torch.backends, "mps", None)
         if mps is None or not mps.is_available():
-            raise ValueError(f"device 'mps' is not available: this torch or machine has no Apple MPS backend "
-                             f"(torch {torch.__version__}); use --device cpu or auto")
+            raise ValueError(
+                f"device 'mps' is not available: this torch or machine has no Apple MPS backend "
+                f"(torch {torch.__version__}); use --device cpu or auto"
+            )
 
 
 def default_dtype(device: str | torch.device) -> torch.dtype:
@@ -63,8 +67,14 @@ def default_dtype(device: str | torch.device) -> torch.dtype:
     return torch.bfloat16 if device.type == "cuda" else torch.float32
 
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 def resolve_dtype(dtype: str | torch.dtype | None, device: str | torch.device) -> torch.dtype:

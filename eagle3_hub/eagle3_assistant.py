@@ -391,11 +391,11 @@ class Eagle3AssistantMixin:
             return self._placeholder_round(state, input_ids, generation_config)
 
         if cap.armed_end is not None:
-            raise RuntimeError(BOUND_ELSEWHERE + " (the draft saw no forward pass of the target it is bound to since "
-                               "its last round)")
+            raise RuntimeError(
+                BOUND_ELSEWHERE + " (the draft saw no forward pass of the target it is bound to since its last round)"
+            )
         session.record_outcome(L)
-        return self._draft_round(state, input_ids, generation_config, logits_processor, min_new_tokens,
-                                 max_new_tokens, cache)
+        return self._draft_round(state, input_ids, generation_config, logits_processor, min_new_tokens, max_new_tokens, cache)
 
     def _placeholder_round(self, state: _CallState, input_ids, generation_config):
         """First round of a call: the target has not run yet. Propose the last token with one-hot scores."""
@@ -416,8 +416,9 @@ class Eagle3AssistantMixin:
         state.capture.arm(end=L)  # the target's prefill covers 0..L (placeholder included)
         return _round_output(torch.cat([input_ids, token], dim=-1), (scores,), cache)
 
-    def _draft_round(self, state: _CallState, input_ids, generation_config, logits_processor, min_new_tokens,
-                     max_new_tokens, cache):
+    def _draft_round(
+        self, state: _CallState, input_ids, generation_config, logits_processor, min_new_tokens, max_new_tokens, cache
+    ):
         session, cap = state.session, state.capture
         L = input_ids.shape[1]
         device = self.fc.weight.device

@@ -22,6 +22,5 @@ class MissingExtra(ImportError):
 def missing_extra(extra: str, error: ModuleNotFoundError) -> MissingExtra:
     """``raise missing_extra("train", e) from None`` in ``except ModuleNotFoundError as e`` around an import."""
     return MissingExtra(
-        f"{EXTRAS[extra]} needs the Python package {error.name!r}, which is not installed: "
-        f"pip install 'eagle3-hub[{extra}]'"
+        f"{EXTRAS[extra]} needs the Python package {error.name!r}, which is not installed: pip install 'eagle3-hub[{extra}]'"
     )

@@ -24,8 +24,19 @@ from .network import is_network_error
 logger = logging.getLogger(__name__)
 
 # files of a training run that do not belong in a published draft
-IGNORE_PATTERNS = [".*", "__pycache__", "*.pyc", "checkpoint-*", "optimizer.pt", "scheduler.pt", "rng_state*.pth",
-                   "trainer_state.json", "events.out.tfevents.*", "runs", "*.tmp"]
+IGNORE_PATTERNS = [
+    ".*",
+    "__pycache__",
+    "*.pyc",
+    "checkpoint-*",
+    "optimizer.pt",
+    "scheduler.pt",
+    "rng_state*.pth",
+    "trainer_state.json",
+    "events.out.tfevents.*",
+    "runs",
+    "*.tmp",
+]
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
@@ -59,8 +70,12 @@ def folder_files(folder: Path, patterns: list[str]) -> dict[str, Path]:
             if _ignored(rel, patterns):
                 continue
             if path.is_symlink() and (not _inside(path, real) or path.is_dir()):
-                logger.warning("Not uploading %s: a link to %s, %s.", path, os.path.realpath(path),
-                               f"outside {folder}" if not _inside(path, real) else "a folder (links to folders are not followed)")
+                logger.warning(
+                    "Not uploading %s: a link to %s, %s.",
+                    path,
+                    os.path.realpath(path),
+                    f"outside {folder}" if not _inside(path, real) else "a folder (links to folders are not followed)",
+                )
                 continue
             if path.is_file():
                 files[rel.as_posix()] = path
@@ -100,10 +115,14 @@ def check_draft_folder(folder: str | Path) -> Path:
     if not any(_inside(p, real) and p.is_file() for p in folder.glob("*.safetensors")):
         pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES and p.is_file())
         if pickles:
-            raise NotADraftFolder(f"{folder} holds its weights only as a pickle ({', '.join(pickles)}): eagle3-hub "
-                                  "publishes safetensors only: load the draft where it was trained and save it with "
-                                  "`draft.save_pretrained(folder)`, which writes model.safetensors.")
-        raise NotADraftFolder(f"{folder} has no weights (*.safetensors): save the draft with `draft.save_pretrained(folder)` first.")
+            raise NotADraftFolder(
+                f"{folder} holds its weights only as a pickle ({', '.join(pickles)}): eagle3-hub "
+                "publishes safetensors only: load the draft where it was trained and save it with "
+                "`draft.save_pretrained(folder)`, which writes model.safetensors."
+            )
+        raise NotADraftFolder(
+            f"{folder} has no weights (*.safetensors): save the draft with `draft.save_pretrained(folder)` first."
+        )
     return folder
 
 
@@ -113,21 +132,29 @@ def _explain(error: Exception, endpoint: str, folder: Path, repo_id: str | None 
 
     keep = f" Nothing was changed in {folder}."
     if isinstance(error, LocalTokenNotFoundError):
-        return HubPushError("No Hugging Face token found. Log in with `hf auth login`, set HF_TOKEN, or pass --token "
-                            "(a token with write access: https://huggingface.co/settings/tokens)." + keep)
+        return HubPushError(
+            "No Hugging Face token found. Log in with `hf auth login`, set HF_TOKEN, or pass --token "
+            "(a token with write access: https://huggingface.co/settings/tokens)." + keep
+        )
     if isinstance(error, OfflineModeIsEnabled):
         return HubPushError("HF_HUB_OFFLINE is set: cannot upload. Unset it and push again once online." + keep)
     if is_network_error(error):
-        return HubPushError(f"Cannot reach the Hub at {endpoint} ({type(error).__name__}). Check the connection "
-                            "(or HF_ENDPOINT) and push again." + keep)
+        return HubPushError(
+            f"Cannot reach the Hub at {endpoint} ({type(error).__name__}). Check the connection "
+            "(or HF_ENDPOINT) and push again." + keep
+        )
     if isinstance(error, HfHubHTTPError) and error.response is not None:
         status = error.response.status_code
         if status == 401:
-            return HubPushError("The Hub rejected the token (401 Unauthorized). Log in again with `hf auth login --force` "
-                                "or set a valid HF_TOKEN." + keep)
+            return HubPushError(
+                "The Hub rejected the token (401 Unauthorized). Log in again with `hf auth login --force` "
+                "or set a valid HF_TOKEN." + keep
+            )
         if status == 403:
-            return HubPushError(f"The token may not write to {repo_id or 'this repository'} (403 Forbidden): use a token "
-                                "with write access, or a namespace you own or belong to." + keep)
+            return HubPushError(
+                f"The token may not write to {repo_id or 'this repository'} (403 Forbidden): use a token "
+                "with write access, or a namespace you own or belong to." + keep
+            )
         return HubPushError(f"The Hub answered {status}: {str(error).splitlines()[0]}." + keep)
     return HubPushError(f"Upload failed: {type(error).__name__}: {error}." + keep)
 
@@ -178,7 +205,9 @@ def push_draft(
     operations = [CommitOperationAdd(path_in_repo=path, path_or_fileobj=str(local)) for path, local in files.items()]
     try:
         info = api.create_commit(
-            repo_id, operations, repo_type="model",
+            repo_id,
+            operations,
+            repo_type="model",
             commit_message=commit_message or "Upload EAGLE-3 draft with eagle3-hub",
         )
     except Exception as e:

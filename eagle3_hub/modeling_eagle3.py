@@ -240,9 +240,7 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         Ht = config.target_hidden_size
         # EAGLE-3 variants that normalise the target features before fc (vLLM / SGLang / SpecForge names)
         self.input_norm = LlamaRMSNorm(3 * Ht, eps=config.rms_norm_eps) if config.norm_before_fc else None
-        self.fc_norm = (
-            nn.ModuleList([LlamaRMSNorm(Ht, eps=config.rms_norm_eps) for _ in range(3)]) if config.fc_norm else None
-        )
+        self.fc_norm = nn.ModuleList([LlamaRMSNorm(Ht, eps=config.rms_norm_eps) for _ in range(3)]) if config.fc_norm else None
         self.fc = nn.Linear(3 * Ht, H, bias=False)
         self.midlayer = Eagle3DecoderLayer(config)
         # layers 1.. keyed by their index: tensors `layers.{i}.*`, the names vLLM and speculators give them
@@ -350,7 +348,13 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         checkpointed = self.gradient_checkpointing and self.training
         if checkpointed:
             hidden_states = self._gradient_checkpointing_func(
-                self.midlayer.__call__, inputs_embeds, hidden_states, position_embeddings, attention_mask, None, ttt_cache,
+                self.midlayer.__call__,
+                inputs_embeds,
+                hidden_states,
+                position_embeddings,
+                attention_mask,
+                None,
+                ttt_cache,
                 ttt_step,
             )
         else:
@@ -457,8 +461,11 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
         except ImportError as e:  # pragma: no cover - remote-code users size drafts with the package
             raise ImportError("from_target needs the eagle3_hub package: pip install eagle3-hub") from e
         config = draft_config_from_target(
-            target, aux_layer_ids=aux_layer_ids, draft_vocab_size=draft_vocab_size,
-            intermediate_size=intermediate_size, **config_overrides,
+            target,
+            aux_layer_ids=aux_layer_ids,
+            draft_vocab_size=draft_vocab_size,
+            intermediate_size=intermediate_size,
+            **config_overrides,
         )
         emb = target.get_input_embeddings().weight
         model = cls(config).to(device=emb.device, dtype=emb.dtype)
@@ -529,8 +536,11 @@ class Eagle3DraftModel(Eagle3AssistantMixin, Eagle3PreTrainedModel, GenerationMi
 
 def non_finite_tensors(model: nn.Module) -> list[str]:
     """The names of ``model``'s floating-point tensors (weights and buffers) holding NaN or Inf."""
-    return [name for name, t in model.state_dict().items()
-            if t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())]
+    return [
+        name
+        for name, t in model.state_dict().items()
+        if t.is_floating_point() and not t.is_meta and not bool(torch.isfinite(t).all())
+    ]
 
 
 def check_finite_weights(model: nn.Module, where) -> None:
@@ -539,8 +549,10 @@ def check_finite_weights(model: nn.Module, where) -> None:
     bad = non_finite_tensors(model)
     if bad:
         shown = ", ".join(bad[:6]) + (f" and {len(bad) - 6} more" if len(bad) > 6 else "")
-        raise ValueError(f"The draft {where} has non-finite weights (NaN or Inf) in {shown}: it cannot draft. Load "
-                         "another checkpoint of it, or train it again (a diverged run writes such weights).")
+        raise ValueError(
+            f"The draft {where} has non-finite weights (NaN or Inf) in {shown}: it cannot draft. Load "
+            "another checkpoint of it, or train it again (a diverged run writes such weights)."
+        )
 
 
 # What eagle3_hub.formats adds: loading the foreign layouts ("load"), checks and engine keys around saving

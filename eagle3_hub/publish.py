@@ -31,8 +31,10 @@ def training_info(source) -> dict | None:
     if not isinstance(source, dict):
         path = Path(source)
         if not path.is_file():
-            raise FileNotFoundError(f"{path} does not exist: pass a JSON file (training_info.json, or the "
-                                    "training_metrics.json of `eagle3-hub train`)")
+            raise FileNotFoundError(
+                f"{path} does not exist: pass a JSON file (training_info.json, or the "
+                "training_metrics.json of `eagle3-hub train`)"
+            )
         try:
             source = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:

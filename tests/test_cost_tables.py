@@ -59,6 +59,7 @@ def _mutations():
             data[name] = value
             data["longer"][name] = value
             return data
+
         return change
 
     return {

@@ -184,7 +184,7 @@ def _greedy_reply(target, tokenizer, prompt, max_new_tokens):
     ids = _chat_ids(tokenizer, prompt)
     with torch.inference_mode():
         out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False)
-    return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+    return tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
 
 def test_detokenizer_pieces_rebuild_the_text(smollm2_tokenizer):
@@ -228,9 +228,7 @@ def fit_draft(target, tokenizer, prompts, max_new_tokens=32, steps=30, draft_voc
     optimizer = torch.optim.AdamW([p for p in draft.parameters() if p.requires_grad], lr=3e-3)
     draft.train()
     for _ in range(steps):
-        loss = sum(
-            torch.nn.functional.cross_entropy(draft(input_ids=x, target_hidden_states=f).logits[0], y) for f, x, y in data
-        )
+        loss = sum(torch.nn.functional.cross_entropy(draft(input_ids=x, target_hidden_states=f).logits[0], y) for f, x, y in data)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -253,8 +251,10 @@ def pair_cache(fitted_draft_dir):
 
 
 @pytest.mark.slow  # the pair cache loads the real target itself
-@pytest.mark.skipif(not (REFERENCE_DRAFT_ROOT / "smollm2-135m-instruct" / "config.json").exists(),
-                    reason="the reference draft eagle3_hub/reference_draft/smollm2-135m-instruct is not installed yet")
+@pytest.mark.skipif(
+    not (REFERENCE_DRAFT_ROOT / "smollm2-135m-instruct" / "config.json").exists(),
+    reason="the reference draft eagle3_hub/reference_draft/smollm2-135m-instruct is not installed yet",
+)
 def test_default_pair_runs_with_the_reference_draft():
     # float32: bf16 (the pair's auto dtype on CPUs with bf16 units) may part from plain greedy at a near-tie
     pairs = {name: replace(pair, dtype="float32") for name, pair in DEFAULT_PAIRS.items()}
@@ -275,7 +275,7 @@ def test_plain_decoder_matches_generate(smollm2):
     tokens = []
     while not plain.done:
         tokens.append(plain.step())
-    assert tokens == expected[0, ids.shape[1]:].tolist()
+    assert tokens == expected[0, ids.shape[1] :].tolist()
     # stops at the end-of-sequence token
     eos = tokens[3]
     plain = PlainDecoder(target, ids, max_new_tokens=12, do_sample=False, temperature=1.0, eos_token_ids=[eos])
@@ -416,7 +416,10 @@ def _served_app(args: list[str], log_path: Path):
     with open(log_path, "w+") as log:
         server = subprocess.Popen(
             [sys.executable, str(REPO / "spaces" / "app.py"), *args, "--host", "127.0.0.1", "--port", str(port)],
-            cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=REPO,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         url = f"http://127.0.0.1:{port}/"
         try:
@@ -455,9 +458,19 @@ def test_browser_side_by_side(smollm2, fitted_draft_dir, tmp_path):
     served = ["--draft", str(fitted_draft_dir), "--device", "cpu", "--dtype", "float32", "--temperature", "0"]
     with _served_app(served, tmp_path / "server.log") as url, sync_playwright() as p:
         browser = p.chromium.launch_persistent_context(
-            profile, executable_path=CHROMIUM, headless=True, viewport={"width": 1400, "height": 1100},
-            args=["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-                  "--disable-component-update", "--disable-sync"],
+            profile,
+            executable_path=CHROMIUM,
+            headless=True,
+            viewport={"width": 1400, "height": 1100},
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-quic",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
         )
         page = browser.new_page()
         page.goto(url)

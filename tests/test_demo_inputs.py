@@ -15,10 +15,12 @@ from eagle3_hub.targets import reference_draft
 GOOD = ("hi", 24, 0, 5, 8, 32)
 
 
-@pytest.mark.parametrize("position, name", [(1, "Max new tokens"), (2, "Temperature"), (3, "Tree depth"),
-                                            (4, "Tree top-k"), (5, "Tree total tokens")])
-@pytest.mark.parametrize("value", [float("inf"), float("-inf"), float("nan"), "inf", "-Infinity", "NaN", "1e400",
-                                   10**400, True, [3], {"a": 1}, ""])
+@pytest.mark.parametrize(
+    "position, name", [(1, "Max new tokens"), (2, "Temperature"), (3, "Tree depth"), (4, "Tree top-k"), (5, "Tree total tokens")]
+)
+@pytest.mark.parametrize(
+    "value", [float("inf"), float("-inf"), float("nan"), "inf", "-Infinity", "NaN", "1e400", 10**400, True, [3], {"a": 1}, ""]
+)
 def test_numbers_no_slider_sends_get_a_clear_message(position, name, value):
     args = list(GOOD)
     args[position] = value
@@ -26,8 +28,9 @@ def test_numbers_no_slider_sends_get_a_clear_message(position, name, value):
         validate_request(*args)
 
 
-@pytest.mark.parametrize("value, message", [(-5, "between 1 and 512"), (1e30, "between 1 and 512"),
-                                            ("-5", "between 1 and 512"), (3.5, "whole number")])
+@pytest.mark.parametrize(
+    "value, message", [(-5, "between 1 and 512"), (1e30, "between 1 and 512"), ("-5", "between 1 and 512"), (3.5, "whole number")]
+)
 def test_out_of_range_token_counts_say_the_range(value, message):
     with pytest.raises(DemoError, match=rf"Max new tokens must be (a )?{message}"):
         validate_request("hi", value, 0, 5, 8, 32)
@@ -40,7 +43,7 @@ def test_numbers_as_text_and_floats_still_work():
 # ----------------------------------------------------------------------------------------- two users at once
 def _text(pane_html: str) -> str:
     """The reply text of a pane (tags stripped, entities decoded)."""
-    reply = pane_html.split('e3-reply e3-current', 1)[-1]
+    reply = pane_html.split("e3-reply e3-current", 1)[-1]
     reply = reply.split("</div>", 1)[0].split(">", 1)[-1]
     return html.unescape(re.sub(r"<[^>]+>", "", reply))
 
@@ -61,7 +64,7 @@ def test_two_users_at_once_get_their_own_lossless_answers(monkeypatch):
         ids = loaded.encode([{"role": "user", "content": p}])
         with torch.inference_mode():
             out = loaded.target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=10, do_sample=False)
-        expected[p] = loaded.tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        expected[p] = loaded.tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
 
     import eagle3_hub.demo.app as demo  # where serve_request looks the race up
 

@@ -26,8 +26,16 @@ RUNNERS = {"python": "python", "py": "python", "bash": "bash", "sh": "bash", "sh
 SKIP_MARKER = re.compile(r"#\s*docs-test:\s*skip,\s*(?P<reason>\S.*)$")
 FENCE = re.compile(r"^(?P<indent>\s*)(?P<fence>`{3,}|~{3,})(?P<info>.*)$")
 # a block naming one of these loads a real model (the embedded target, a named one, the reference draft): slow
-REAL_MODEL_WORDS = ("load_target", "reference_draft", "eagle3-hub generate", "eagle3-hub bench", "eagle3-hub demo",
-                    "eagle3-hub train", "eagle3_hub.training", "eagle3_hub.commands")
+REAL_MODEL_WORDS = (
+    "load_target",
+    "reference_draft",
+    "eagle3-hub generate",
+    "eagle3-hub bench",
+    "eagle3-hub demo",
+    "eagle3-hub train",
+    "eagle3_hub.training",
+    "eagle3_hub.commands",
+)
 BLOCK_TIMEOUT_S = 600  # against a hang; a block that runs long is shortened or marked skipped with its duration
 
 
@@ -63,7 +71,7 @@ def fenced_blocks(text: str, path: str) -> list[Block]:
         end = next((j for j in range(i + 1, len(lines)) if closing.match(lines[j])), None)
         if end is None:
             raise ValueError(f"{path}:{i + 1}: a code fence {fence} that is never closed: close it with {fence}")
-        body = [ln[min(indent, len(ln) - len(ln.lstrip(" "))):] for ln in lines[i + 1:end]]
+        body = [ln[min(indent, len(ln) - len(ln.lstrip(" "))) :] for ln in lines[i + 1 : end]]
         lang = (opening["info"].split() or [""])[0].lower()
         blocks.append(Block(path, i + 1, lang, "\n".join(body) + "\n"))
         i = end + 1
@@ -127,12 +135,17 @@ def _needs_embedded_target() -> None:
 
 # ----------------------------------------------------------------------------------------- the parser
 def test_the_parser_finds_fenced_blocks_with_their_language_and_line():
-    text = ("intro\n```python\nprint(1)\n```\n\n- item\n\n   ~~~~bash title\n   echo a\n     echo b\n   ~~~~\n"
-            "inline ```x``` code\n```\nplain\n```\n````text\n```python\nnot a block\n```\n````\n")
+    text = (
+        "intro\n```python\nprint(1)\n```\n\n- item\n\n   ~~~~bash title\n   echo a\n     echo b\n   ~~~~\n"
+        "inline ```x``` code\n```\nplain\n```\n````text\n```python\nnot a block\n```\n````\n"
+    )
     blocks = fenced_blocks(text, "x.md")
     assert [(b.line, b.lang, b.code) for b in blocks] == [
-        (2, "python", "print(1)\n"), (8, "bash", "echo a\n  echo b\n"), (13, "", "plain\n"),
-        (16, "text", "```python\nnot a block\n```\n")]
+        (2, "python", "print(1)\n"),
+        (8, "bash", "echo a\n  echo b\n"),
+        (13, "", "plain\n"),
+        (16, "text", "```python\nnot a block\n```\n"),
+    ]
     with pytest.raises(ValueError, match=r"x\.md:2: a code fence ``` that is never closed"):
         fenced_blocks("a\n```bash\necho\n", "x.md")
 
@@ -146,8 +159,7 @@ def test_the_skip_marker_is_the_first_line_and_gives_a_reason():
 def test_every_marker_in_the_docs_is_well_formed():
     """A marker anywhere but a block's first line, or without a reason, would run a block its author meant to skip
     (or skip one silently): each is named here."""
-    wrong = [b.id for b in doc_blocks()
-             if "docs-test:" in b.code and (b.skip_reason is None or b.code.count("docs-test:") > 1)]
+    wrong = [b.id for b in doc_blocks() if "docs-test:" in b.code and (b.skip_reason is None or b.code.count("docs-test:") > 1)]
     assert not wrong, f"markers must be the block's first line, `# docs-test: skip, <reason>`: {wrong}"
 
 
@@ -155,8 +167,14 @@ def test_the_docs_hold_blocks_that_run():
     """The docs tests cannot pass by finding nothing: every doc file is read, README.md shows its blocks, and some
     of them run."""
     names = {p.relative_to(ROOT).as_posix() for p in doc_paths()}
-    assert {"README.md", "docs/tree-decoding.md", "docs/training.md", "docs/formats.md", "docs/benchmarks.md",
-            "docs/reliability.md"} <= names
+    assert {
+        "README.md",
+        "docs/tree-decoding.md",
+        "docs/training.md",
+        "docs/formats.md",
+        "docs/benchmarks.md",
+        "docs/reliability.md",
+    } <= names
     readme = _runnable([b for b in doc_blocks() if b.path == "README.md"])
     assert len(readme) >= 8, [b.id for b in readme]
     assert len([b for b in readme if b.skip_reason is None]) >= 3
@@ -171,16 +189,28 @@ def run_block(block: Block, tmp_path: Path) -> subprocess.CompletedProcess | Non
     script.write_text(block.code)
     command = [sys.executable, str(script)] if RUNNERS[block.lang] == "python" else ["bash", "-e", str(script)]
     try:
-        return subprocess.run(command, cwd=_work_dir(tmp_path), env=_env(tmp_path), capture_output=True, text=True,
-                              timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        return subprocess.run(
+            command,
+            cwd=_work_dir(tmp_path),
+            env=_env(tmp_path),
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT_S,
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         return None
 
 
 def test_a_block_runs_fresh_and_offline_in_a_folder_that_sees_the_repository(tmp_path):
-    seen = Block("x.md", 1, "python", "import os, sys\nassert os.environ['HF_HUB_OFFLINE'] == '1'\n"
-                 "assert 'eagle3_hub' not in sys.modules and 'torch' not in sys.modules\n"
-                 "assert os.path.isfile('recipes/smollm2-135m-instruct.yaml')\nopen('written.txt', 'w').write('x')\n")
+    seen = Block(
+        "x.md",
+        1,
+        "python",
+        "import os, sys\nassert os.environ['HF_HUB_OFFLINE'] == '1'\n"
+        "assert 'eagle3_hub' not in sys.modules and 'torch' not in sys.modules\n"
+        "assert os.path.isfile('recipes/smollm2-135m-instruct.yaml')\nopen('written.txt', 'w').write('x')\n",
+    )
     done = run_block(seen, tmp_path / "python")
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "python" / "work" / "written.txt").is_file() and not (ROOT / "written.txt").exists()
@@ -199,10 +229,15 @@ def test_doc_block_runs_as_written(block: Block, tmp_path):
         _needs_embedded_target()
     done = run_block(block, tmp_path)
     if done is None:
-        pytest.fail(f"{block.id} ran past {BLOCK_TIMEOUT_S} s: shorten it (fewer tokens, questions) or make its first "
-                    "line `# docs-test: skip, runs for about N minutes`", pytrace=False)
-    assert done.returncode == 0, (f"{block.id} ({block.lang}) exited {done.returncode}:\n{block.code}\n"
-                                  f"--- stdout (end):\n{done.stdout[-2000:]}\n--- stderr (end):\n{done.stderr[-4000:]}")
+        pytest.fail(
+            f"{block.id} ran past {BLOCK_TIMEOUT_S} s: shorten it (fewer tokens, questions) or make its first "
+            "line `# docs-test: skip, runs for about N minutes`",
+            pytrace=False,
+        )
+    assert done.returncode == 0, (
+        f"{block.id} ({block.lang}) exited {done.returncode}:\n{block.code}\n"
+        f"--- stdout (end):\n{done.stdout[-2000:]}\n--- stderr (end):\n{done.stderr[-4000:]}"
+    )
 
 
 def _recipe_blocks() -> list[Block]:

@@ -47,8 +47,7 @@ def ids_and_features(target, n=24, seed=2):
 
 
 def plain_greedy(target, ids, mask, n):
-    return target.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0,
-                           eos_token_id=None)
+    return target.generate(ids, attention_mask=mask, max_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None)
 
 
 # --------------------------------------------------------------------------------------------------- config
@@ -89,11 +88,9 @@ def test_incremental_forward_equals_full_forward(variant):
     second = draft(input_ids=ids[:, 12:], target_hidden_states=feats[:, 11:-1], cache=first.cache, use_cache=True)
     torch.testing.assert_close(torch.cat([first.logits, second.logits], dim=1), full, atol=1e-4, rtol=1e-4)
     if "sliding_attention" in draft.config.layer_types:
-        unwindowed = Eagle3DraftModel(Eagle3Config(**{**draft.config.to_dict(), "layer_types": None,
-                                                      "sliding_window": None}))
+        unwindowed = Eagle3DraftModel(Eagle3Config(**{**draft.config.to_dict(), "layer_types": None, "sliding_window": None}))
         unwindowed.load_state_dict(draft.state_dict())
-        assert not torch.allclose(unwindowed.eval()(input_ids=ids[:, 1:], target_hidden_states=feats[:, :-1]).logits,
-                                  full)
+        assert not torch.allclose(unwindowed.eval()(input_ids=ids[:, 1:], target_hidden_states=feats[:, :-1]).logits, full)
 
 
 def test_a_single_explicit_mask_is_refused_for_a_windowed_draft():
@@ -108,8 +105,12 @@ def test_a_single_explicit_mask_is_refused_for_a_windowed_draft():
 def test_later_layers_are_named_as_vllm_and_speculators_name_them():
     target = make_tiny_target("llama")
     names = set(random_draft(target, num_hidden_layers=3).state_dict())
-    assert {"layers.1.self_attn.q_proj.weight", "layers.2.mlp.down_proj.weight", "layers.1.input_layernorm.weight",
-            "midlayer.hidden_norm.weight"} <= names
+    assert {
+        "layers.1.self_attn.q_proj.weight",
+        "layers.2.mlp.down_proj.weight",
+        "layers.1.input_layernorm.weight",
+        "midlayer.hidden_norm.weight",
+    } <= names
     assert not any(n.startswith("layers.0.") or n.startswith("layers.1.hidden_norm") for n in names)
 
 
@@ -134,8 +135,20 @@ def test_tree_chain_equals_the_drafts_full_forward(arch, variant, graph, monkeyp
     monkeypatch.setattr(Drafter, "draft_tree", recording)
     ids = torch.randint(3, 256, (1, 10), generator=torch.Generator().manual_seed(3))
     depth = 4
-    out = generate(target, draft, ids, max_new_tokens=40, eos_token_id=[], depth=depth, tree_top_k=1,
-                   total_tokens=depth, min_node_prob=0.0, grow_min_prob=0.0, lookup_tokens=0, draft_graph=graph)
+    out = generate(
+        target,
+        draft,
+        ids,
+        max_new_tokens=40,
+        eos_token_id=[],
+        depth=depth,
+        tree_top_k=1,
+        total_tokens=depth,
+        min_node_prob=0.0,
+        grow_min_prob=0.0,
+        lookup_tokens=0,
+        draft_graph=graph,
+    )
     seq = out.sequences
     assert torch.equal(seq, plain_greedy(target, ids, torch.ones_like(ids), 40))
     with torch.no_grad():
@@ -144,14 +157,20 @@ def test_tree_chain_equals_the_drafts_full_forward(arch, variant, graph, monkeyp
     assert len(chains) > 3 and max(p for p, _ in chains) > 2 * draft.config.sliding_window
     with torch.no_grad():
         for next_pos, tree_chain in chains:
-            step = draft(input_ids=seq[:, 1 : next_pos + 1], target_hidden_states=feats[:, :next_pos],
-                         cache=DynamicCache(), use_cache=True)
+            step = draft(
+                input_ids=seq[:, 1 : next_pos + 1], target_hidden_states=feats[:, :next_pos], cache=DynamicCache(), use_cache=True
+            )
             chain = []
             for d in range(len(tree_chain)):
                 token = draft.draft_to_target_ids(step.logits[:, -1].argmax(-1, keepdim=True))
                 chain.append(int(token))
-                step = draft(input_ids=token, hidden_states=step.hidden_states[:, -1:], cache=step.cache,
-                             position_ids=torch.tensor([[next_pos + d]]), use_cache=True)
+                step = draft(
+                    input_ids=token,
+                    hidden_states=step.hidden_states[:, -1:],
+                    cache=step.cache,
+                    position_ids=torch.tensor([[next_pos + d]]),
+                    use_cache=True,
+                )
             assert chain == tree_chain, f"root at position {next_pos}"
 
 
@@ -164,8 +183,19 @@ def test_tree_decoding_is_lossless_with_a_window_shorter_than_the_context(arch, 
     prompts = [torch.randint(3, 256, (n,), generator=torch.Generator().manual_seed(n)) for n in (5, 12)]
     ids, mask = left_padded(prompts)
     for graph in (False, True):
-        out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=30, eos_token_id=[], depth=4,
-                       tree_top_k=3, total_tokens=10, min_node_prob=0.0, draft_graph=graph)
+        out = generate(
+            target,
+            draft,
+            ids,
+            attention_mask=mask,
+            max_new_tokens=30,
+            eos_token_id=[],
+            depth=4,
+            tree_top_k=3,
+            total_tokens=10,
+            min_node_prob=0.0,
+            draft_graph=graph,
+        )
         for i, p in enumerate(prompts):
             ref = plain_greedy(target, p[None], torch.ones(1, len(p), dtype=torch.long), 30)[0, len(p) :]
             assert torch.equal(out.sequences[i, ids.shape[1] :], ref), f"row {i}, draft_graph={graph}"
@@ -181,8 +211,9 @@ def test_assisted_generation_is_lossless(arch, variant):
     draft.generation_config.num_assistant_tokens_schedule = "constant"
     ids = torch.randint(3, 256, (1, 9), generator=torch.Generator().manual_seed(5))
     mask = torch.ones_like(ids)
-    out = target.generate(ids, attention_mask=mask, assistant_model=draft, do_sample=False, max_new_tokens=40,
-                          pad_token_id=0, eos_token_id=None)
+    out = target.generate(
+        ids, attention_mask=mask, assistant_model=draft, do_sample=False, max_new_tokens=40, pad_token_id=0, eos_token_id=None
+    )
     assert torch.equal(out, plain_greedy(target, ids, mask, 40))
 
 
@@ -198,19 +229,28 @@ def test_ttt_steps_see_what_inference_sees(variant):
     ttt_cache, hidden, steps = [], None, []
     with torch.no_grad():
         for k in range(3):
-            kwargs = dict(input_ids=ids[:, 1 + k : 1 + k + s], position_ids=torch.arange(s)[None] + k,
-                          attention_mask=step_masks(draft.config, causal_mask(s, torch.float32, "cpu"), torch.arange(s)[None], k), ttt_cache=ttt_cache)
-            out = (draft(target_hidden_states=feats[:, :s], **kwargs) if k == 0
-                   else draft(hidden_states=hidden, **kwargs))
+            kwargs = dict(
+                input_ids=ids[:, 1 + k : 1 + k + s],
+                position_ids=torch.arange(s)[None] + k,
+                attention_mask=step_masks(draft.config, causal_mask(s, torch.float32, "cpu"), torch.arange(s)[None], k),
+                ttt_cache=ttt_cache,
+            )
+            out = draft(target_hidden_states=feats[:, :s], **kwargs) if k == 0 else draft(hidden_states=hidden, **kwargs)
             hidden = out.hidden_states
             steps.append(out.logits)
         for t in (draft.config.sliding_window + 3, s - 1):
-            step = draft(input_ids=ids[:, 1 : t + 2], target_hidden_states=feats[:, : t + 1], cache=DynamicCache(),
-                         use_cache=True)
+            step = draft(
+                input_ids=ids[:, 1 : t + 2], target_hidden_states=feats[:, : t + 1], cache=DynamicCache(), use_cache=True
+            )
             torch.testing.assert_close(step.logits[:, -1], steps[0][:, t], atol=1e-4, rtol=1e-4)
             for k in (1, 2):
-                step = draft(input_ids=ids[:, t + 1 + k : t + 2 + k], hidden_states=step.hidden_states[:, -1:],
-                             cache=step.cache, position_ids=torch.tensor([[t + k]]), use_cache=True)
+                step = draft(
+                    input_ids=ids[:, t + 1 + k : t + 2 + k],
+                    hidden_states=step.hidden_states[:, -1:],
+                    cache=step.cache,
+                    position_ids=torch.tensor([[t + k]]),
+                    use_cache=True,
+                )
                 torch.testing.assert_close(step.logits[:, -1], steps[k][:, t], atol=1e-4, rtol=1e-4)
 
 
@@ -254,14 +294,18 @@ def test_round_trips_keep_the_fields_and_the_tensors(tmp_path, variant):
         assert (layer["layer_types"], layer["sliding_window"]) == (draft.config.layer_types, draft.config.sliding_window)
     names = set(load_file(tmp_path / "vllm" / "model.safetensors"))
     assert {n for n in names if n.startswith("layers.")} == {
-        ("layers.0." + n[len("midlayer."):]) if n.startswith("midlayer.") else n
-        for n in state if n.startswith(("midlayer.", "layers."))
+        ("layers.0." + n[len("midlayer.") :]) if n.startswith("midlayer.") else n
+        for n in state
+        if n.startswith(("midlayer.", "layers."))
     }
     for folder in ("ours", "vllm"):
         loaded = Eagle3DraftModel.from_pretrained(tmp_path / folder, target=target)
         c = loaded.config
         assert (c.num_hidden_layers, c.layer_types, c.sliding_window) == (
-            draft.config.num_hidden_layers, draft.config.layer_types, draft.config.sliding_window)
+            draft.config.num_hidden_layers,
+            draft.config.layer_types,
+            draft.config.sliding_window,
+        )
         for name, tensor in state.items():
             if name != "embed_tokens.weight":
                 assert torch.equal(loaded.state_dict()[name], tensor), f"{folder}: {name}"
@@ -292,11 +336,18 @@ def test_a_speculators_windowed_draft_loads_as_the_same_model(tmp_path):
     loaded = Eagle3DraftModel.from_pretrained(tmp_path / "d", target=target)
     c = loaded.config
     assert (c.layer_types, c.sliding_window, c.norm_before_fc, c.norm_before_residual, c.norm_output) == (
-        ["sliding_attention"], 5, True, True, True)
+        ["sliding_attention"],
+        5,
+        True,
+        True,
+        True,
+    )
     ids, feats = ids_and_features(target)
     with torch.no_grad():
-        torch.testing.assert_close(loaded(input_ids=ids[:, 1:], target_hidden_states=feats[:, :-1]).logits,
-                                   draft(input_ids=ids[:, 1:], target_hidden_states=feats[:, :-1]).logits)
+        torch.testing.assert_close(
+            loaded(input_ids=ids[:, 1:], target_hidden_states=feats[:, :-1]).logits,
+            draft(input_ids=ids[:, 1:], target_hidden_states=feats[:, :-1]).logits,
+        )
 
 
 # every field a draft config can carry: known ones must be modelled, inert or refused; an unknown one is named
@@ -322,16 +373,17 @@ def test_every_known_field_is_accounted_for_and_an_unknown_one_is_named(tmp_path
             load({key: changed})
     caplog.clear()
     with caplog.at_level(logging.WARNING):
-        load({key: None for key in INERT - MODELLED if key not in base and not key.startswith("speculators")}
-             | {"use_sliding_window": False})
+        load(
+            {key: None for key in INERT - MODELLED if key not in base and not key.startswith("speculators")}
+            | {"use_sliding_window": False}
+        )
     assert not [r for r in caplog.records if "does not know" in r.getMessage()]
     with caplog.at_level(logging.WARNING):
         load({"attention_temperature_tuning": 0.5})
     assert any("attention_temperature_tuning" in r.getMessage() for r in caplog.records)
     with caplog.at_level(logging.WARNING):
         loaded = load({"sliding_window": 8})  # a window without layer_types: full attention, as vLLM reads it
-    assert loaded.config.layer_types == ["full_attention"] and any("layer_types" in r.getMessage()
-                                                                   for r in caplog.records)
+    assert loaded.config.layer_types == ["full_attention"] and any("layer_types" in r.getMessage() for r in caplog.records)
     loaded = load({"num_hidden_layers": 1, "layer_types": ["sliding_attention"], "sliding_window": 3})
     assert (loaded.config.layer_types, loaded.config.sliding_window) == (["sliding_attention"], 3)
 
@@ -353,8 +405,13 @@ def test_a_recipe_trains_a_windowed_two_layer_draft(tmp_path, tiny_target_dir, d
     from eagle3_hub.targets import load_target
     from eagle3_hub.training.train import train
 
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "prompts.json"], draft=TWO_LAYERS,
-                        train={"max_steps": 2, "save_every": 2, "eval_every": 2})
+    recipe = recipe_for(
+        tmp_path,
+        tiny_target_dir,
+        [data_dir / "prompts.json"],
+        draft=TWO_LAYERS,
+        train={"max_steps": 2, "save_every": 2, "eval_every": 2},
+    )
     train(recipe)
     target, _ = load_target(str(tiny_target_dir), dtype=torch.float32)
     draft = Eagle3DraftModel.from_pretrained(tmp_path / "work" / "draft", target=target)

@@ -16,8 +16,9 @@ from safetensors.torch import load_file
 SETUP = "bash tests/engines/setup_venv.sh && PYTHONPATH=. /work/engines-venv/bin/python -m pytest tests/test_engines_loaders.py"
 for _engine in ("vllm", "sglang"):
     if importlib.util.find_spec(_engine) is None:
-        pytest.skip(f"{_engine} is not installed (the engines' own loaders run in a separate venv: {SETUP})",
-                    allow_module_level=True)
+        pytest.skip(
+            f"{_engine} is not installed (the engines' own loaders run in a separate venv: {SETUP})", allow_module_level=True
+        )
 
 from tiny_models import make_tiny_target  # noqa: E402
 
@@ -89,8 +90,9 @@ def vllm_runtime():
     vllm.platforms._current_platform = CpuPlatform()
     config = VllmConfig(device_config=DeviceConfig(device="cpu"))
     with set_current_vllm_config(config):
-        init_distributed_environment(world_size=1, rank=0, local_rank=0, backend="gloo",
-                                     distributed_init_method="tcp://127.0.0.1:0")
+        init_distributed_environment(
+            world_size=1, rank=0, local_rank=0, backend="gloo", distributed_init_method="tcp://127.0.0.1:0"
+        )
         initialize_model_parallel(1, 1)
         yield config
 
@@ -104,12 +106,18 @@ def build_vllm_draft(vllm_config, folder, target_vocab=256, target_layers=4):
 
     hf_config = get_config(str(folder), trust_remote_code=False)
     model_config = types.SimpleNamespace(
-        hf_config=hf_config, dtype=torch.float32, head_dtype=torch.float32, quantization=None,
-        is_mm_prefix_lm=False, rswa_window=None,
-        get_total_num_hidden_layers=lambda: target_layers, get_vocab_size=lambda: target_vocab,
+        hf_config=hf_config,
+        dtype=torch.float32,
+        head_dtype=torch.float32,
+        quantization=None,
+        is_mm_prefix_lm=False,
+        rswa_window=None,
+        get_total_num_hidden_layers=lambda: target_layers,
+        get_vocab_size=lambda: target_vocab,
     )
-    speculative = types.SimpleNamespace(draft_model_config=model_config, parallel_drafting=False,
-                                        enable_adaptive_verification=False)
+    speculative = types.SimpleNamespace(
+        draft_model_config=model_config, parallel_drafting=False, enable_adaptive_verification=False
+    )
     object.__setattr__(vllm_config, "model_config", model_config)
     object.__setattr__(vllm_config, "speculative_config", speculative)
     vllm_config.compilation_config.static_forward_context.clear()  # one draft per VllmConfig in vLLM
@@ -126,7 +134,9 @@ def test_vllm_draft_loads_every_tensor(vllm_runtime, folders, name, to):
     layer = {k.replace("midlayer.", "layers.0."): v for k, v in state.items()}
     params = dict(model.named_parameters())
     torch.testing.assert_close(params["model.fc.weight"], layer["fc.weight"], rtol=0, atol=0)
-    torch.testing.assert_close(params["lm_head.weight"][: layer["lm_head.weight"].shape[0]], layer["lm_head.weight"], rtol=0, atol=0)
+    torch.testing.assert_close(
+        params["lm_head.weight"][: layer["lm_head.weight"].shape[0]], layer["lm_head.weight"], rtol=0, atol=0
+    )
     qkv = torch.cat([layer[f"layers.0.self_attn.{p}_proj.weight"] for p in "qkv"])
     torch.testing.assert_close(params["model.layers.0.self_attn.qkv_proj.weight"], qkv, rtol=0, atol=0)
     for n in ("hidden_norm", "input_layernorm", "post_attention_layernorm"):

@@ -121,8 +121,11 @@ def run_failing_at(monkeypatch, step: int, writer) -> bool:
 
 
 def litter(folder: Path) -> list[str]:
-    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if ".tmp" in p.name or ".old-" in p.name
-                  or p.name.startswith((".del-", ".eagle3-hub-space")))
+    return sorted(
+        str(p.relative_to(folder))
+        for p in folder.rglob("*")
+        if ".tmp" in p.name or ".old-" in p.name or p.name.startswith((".del-", ".eagle3-hub-space"))
+    )
 
 
 # ---------------------------------------------------------------------------------------------- the Space export
@@ -226,8 +229,9 @@ def test_convert_force_survives_a_fault_at_every_step(convert_case, monkeypatch)
         reset()
         run_killed_at(step, run)
         now = snapshot(root)
-        assert {k: now[k] for k in before if k.startswith("src/") or k == "keep.txt"} == \
-            {k: before[k] for k in before if k.startswith("src/") or k == "keep.txt"}, step
+        assert {k: now[k] for k in before if k.startswith("src/") or k == "keep.txt"} == {
+            k: before[k] for k in before if k.startswith("src/") or k == "keep.txt"
+        }, step
         kept = {k: v for k, v in now.items() if k.startswith("out/")}
         moved = {k.split("/", 1)[1]: v for k, v in now.items() if k.startswith(".out.old-")}
         # the old output whole, in place or under .out.old-* (the kill came between the two renames), or the new one
@@ -287,8 +291,13 @@ def test_the_model_card_survives_a_fault_at_every_step(tmp_path, monkeypatch):
     pristine = tmp_path / "pristine"
     shutil.copytree(folder, pristine)
     before = snapshot(folder)
-    run = lambda: write_model_card(folder, license="apache-2.0", base_model="HuggingFaceTB/SmolLM2-135M-Instruct",  # noqa: E731
-                                   repo_id="alice/smol-eagle3", chart=chart)
+    run = lambda: write_model_card(
+        folder,
+        license="apache-2.0",
+        base_model="HuggingFaceTB/SmolLM2-135M-Instruct",  # noqa: E731
+        repo_id="alice/smol-eagle3",
+        chart=chart,
+    )
     steps = count_steps(monkeypatch, run)
     after = snapshot(folder)
     assert after["README.md"] != before["README.md"] and steps >= 2

@@ -108,13 +108,23 @@ def write_foreign(draft, folder: Path, layout: str, with_embedding: bool = False
         del state["embed_tokens.weight"]
     layer = _llama_layer(draft)
     if layout == "eagle":  # yuhuili/EAGLE3-*: LlamaForCausalLM, draft_vocab_size, no aux ids, no embedding
-        config = {**layer, "architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                  "draft_vocab_size": draft.config.draft_vocab_size, "transformers_version": "4.28.1"}
+        config = {
+            **layer,
+            "architectures": ["LlamaForCausalLM"],
+            "model_type": "llama",
+            "draft_vocab_size": draft.config.draft_vocab_size,
+            "transformers_version": "4.28.1",
+        }
     elif layout == "specforge":  # SpecForge configs/*-eagle3.json + eagle_config as in gpt-oss / qwen3 configs
-        config = {**layer, "architectures": ["LlamaForCausalLMEagle3"], "model_type": "llama",
-                  "draft_vocab_size": draft.config.draft_vocab_size, "attention_bias": False,
-                  "eagle_config": {"eagle_aux_hidden_state_layer_ids": draft.config.aux_layer_ids},
-                  "target_model_type": "llama"}
+        config = {
+            **layer,
+            "architectures": ["LlamaForCausalLMEagle3"],
+            "model_type": "llama",
+            "draft_vocab_size": draft.config.draft_vocab_size,
+            "attention_bias": False,
+            "eagle_config": {"eagle_aux_hidden_state_layer_ids": draft.config.aux_layer_ids},
+            "target_model_type": "llama",
+        }
     elif layout == "speculators":  # speculators Eagle3SpeculatorConfig + eagle3_converter output
         layer = {**layer, "model_type": "llama", "attention_bias": False, "mlp_bias": False}
         config = {
@@ -134,7 +144,7 @@ def write_foreign(draft, folder: Path, layout: str, with_embedding: bool = False
             # vLLM convention: layer inputs
             "eagle_aux_hidden_state_layer_ids": [i + 1 for i in draft.config.aux_layer_ids],
         }
-        state = {("layers.0." + k[len("midlayer."):] if k.startswith("midlayer.") else k): v for k, v in state.items()}
+        state = {("layers.0." + k[len("midlayer.") :] if k.startswith("midlayer.") else k): v for k, v in state.items()}
     else:
         raise ValueError(layout)
     (folder / "config.json").write_text(json.dumps(config, indent=2))
@@ -211,8 +221,19 @@ def test_trust_remote_code_loads_without_package(native, draft, tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "TRANSFORMERS_", "PYTHONPATH"))}
     env.update(HF_HOME=str(tmp_path / "hf_home"), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     done = subprocess.run(
-        [sys.executable, "-c", REMOTE_SCRIPT, str(native), str(tmp_path / "inputs.safetensors"), str(tmp_path / "out.safetensors")],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-c",
+            REMOTE_SCRIPT,
+            str(native),
+            str(tmp_path / "inputs.safetensors"),
+            str(tmp_path / "out.safetensors"),
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     remote = load_file(str(tmp_path / "out.safetensors"))["logits"]
@@ -266,9 +287,14 @@ def test_aux_layer_ids_map_to_the_same_target_tensors_in_every_engine(native, ta
 
     layers = target.model.layers
     outputs, inputs = {}, {}
-    hooks = [layers[i].register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o[0] if isinstance(o, tuple) else o)) for i in AUX]
+    hooks = [
+        layers[i].register_forward_hook(lambda m, a, o, i=i: outputs.__setitem__(i, o[0] if isinstance(o, tuple) else o))
+        for i in AUX
+    ]
     hooks += [
-        layers[j].register_forward_pre_hook(lambda m, a, kw, j=j: inputs.__setitem__(j, (a[0] if a else kw["hidden_states"])), with_kwargs=True)
+        layers[j].register_forward_pre_hook(
+            lambda m, a, kw, j=j: inputs.__setitem__(j, (a[0] if a else kw["hidden_states"])), with_kwargs=True
+        )
         for j in vllm_aux_layer_inputs(native)
     ]
     with torch.no_grad():
@@ -305,8 +331,14 @@ def test_last_layer_aux_exports_for_vllm_only(tmp_path, caplog):
 
 
 def test_rope_scaling_survives_every_layout(tmp_path):
-    rope = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
+    rope = {
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 1024,
+    }
     target = make_tiny_target("llama", rope_parameters=rope)
     draft = randomized_draft(target)
     assert draft.config.rope_parameters == rope
@@ -424,7 +456,9 @@ def test_misshaped_tensor_is_named_with_its_config_fields(native, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["draft_vocab_size"] = 100  # the weights say 200
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"lm_head.weight is \[200, 64\], expected \[100, 64\] \[draft_vocab_size, hidden_size\]"):
+    with pytest.raises(
+        ValueError, match=r"lm_head.weight is \[200, 64\], expected \[100, 64\] \[draft_vocab_size, hidden_size\]"
+    ):
         Eagle3DraftModel.from_pretrained(folder)
 
 
@@ -433,7 +467,9 @@ def test_misshaped_foreign_fc_is_named(deep_draft, tmp_path):
     config = json.loads((folder / "config.json").read_text())
     config["target_hidden_size"] = 32
     (folder / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match=r"fc.weight is \[64, 192\], expected \[64, 96\] \[hidden_size, 3 \* target_hidden_size\]"):
+    with pytest.raises(
+        ValueError, match=r"fc.weight is \[64, 192\], expected \[64, 96\] \[hidden_size, 3 \* target_hidden_size\]"
+    ):
         Eagle3DraftModel.from_pretrained(folder)
 
 
@@ -618,8 +654,11 @@ def test_reference_input_ids_in_eagle_config_are_read_as_inputs(deep_target, dee
     assert loaded.config.aux_layer_ids == [1, 3, 4]  # inputs 2, L//2, L-3 of an 8-layer target
     assert "aux_layer_convention" in caplog.text and "as inputs" in caplog.text
     assert Eagle3DraftModel.from_pretrained(folder, target=deep_target).config.aux_layer_ids == [1, 3, 4]
-    assert formats.resolve_aux_layer_ids({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}},
-                                         "specforge") == [1, 29, 57]
+    assert formats.resolve_aux_layer_ids({"eagle_config": {"eagle_aux_hidden_state_layer_ids": [2, 30, 58]}}, "specforge") == [
+        1,
+        29,
+        57,
+    ]
     # the caller's word wins
     assert Eagle3DraftModel.from_pretrained(folder, aux_layer_convention="output").config.aux_layer_ids == [2, 4, 5]
 
@@ -719,14 +758,21 @@ def test_hub_repo_with_only_a_pickle_names_it(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
     with FakeHub() as hub:
         monkeypatch.setattr(huggingface_hub.constants, "ENDPOINT", hub.url)
-        monkeypatch.setattr(huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE",
-                            hub.url + "/{repo_id}/resolve/{revision}/{filename}")
-        files = {"config.json": json.dumps({"model_type": "llama", "draft_vocab_size": 200}).encode(),
-                 "pytorch_model.bin": payload}
-        hub.state.repos[("model", "org/bin-only")] = Repo("org/bin-only", "model", False, files=files,
-                                                          commits=[{"oid": "a" * 40}])
-        with pytest.raises(ValueError, match=r"org/bin-only has only pickled weights \(pytorch_model.bin\).*never "
-                           r"unpickles.*arbitrary code.*safetensors"):
+        monkeypatch.setattr(
+            huggingface_hub.constants, "HUGGINGFACE_CO_URL_TEMPLATE", hub.url + "/{repo_id}/resolve/{revision}/{filename}"
+        )
+        files = {
+            "config.json": json.dumps({"model_type": "llama", "draft_vocab_size": 200}).encode(),
+            "pytorch_model.bin": payload,
+        }
+        hub.state.repos[("model", "org/bin-only")] = Repo(
+            "org/bin-only", "model", False, files=files, commits=[{"oid": "a" * 40}]
+        )
+        with pytest.raises(
+            ValueError,
+            match=r"org/bin-only has only pickled weights \(pytorch_model.bin\).*never "
+            r"unpickles.*arbitrary code.*safetensors",
+        ):
             Eagle3DraftModel.from_pretrained("org/bin-only", cache_dir=tmp_path / "cache")
         assert not any(p.endswith("pytorch_model.bin") for _, p in hub.state.requests)  # never downloaded
     assert not tripwire.exists()
@@ -762,8 +808,11 @@ def test_d2t_outside_the_vocabulary_is_caught_at_load_and_bind(native, target, t
     draft = randomized_draft(target)
     with torch.no_grad():
         draft.d2t[-1] = 10_000
-    with pytest.raises(ValueError, match=r"does not fit the target: its d2t map sends draft ids to target ids .*"
-                                         r"outside the target's 256 tokens"):
+    with pytest.raises(
+        ValueError,
+        match=r"does not fit the target: its d2t map sends draft ids to target ids .*"
+        r"outside the target's 256 tokens",
+    ):
         draft.check_fits(target)
     with pytest.raises(ValueError, match="d2t map"):
         draft.bind(target)
@@ -779,7 +828,9 @@ def test_convert_to_a_read_only_destination_names_it(native, tmp_path):
         parent.mkdir()
         parent.chmod(0o555)
     try:
-        with pytest.raises(PermissionError, match=rf"Cannot write the draft to {parent}/out: .*Choose a destination you can write to"):
+        with pytest.raises(
+            PermissionError, match=rf"Cannot write the draft to {parent}/out: .*Choose a destination you can write to"
+        ):
             convert_cli(native, parent / "out")
     finally:
         if parent.is_relative_to(tmp_path):

@@ -51,8 +51,9 @@ def test_speculators_09_trainer_draft_reads_every_field():
     assert not draft._embedding_missing  # speculators saves the verifier's embedding with the draft
     agreement, logits = step_agreement(draft, load_file(str(FIXTURES / f"{SPECULATORS.name}.step.safetensors")))
     assert agreement >= 0.999
-    torch.testing.assert_close(logits, load_file(str(FIXTURES / f"{SPECULATORS.name}.step.safetensors"))["logits"],
-                               atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(
+        logits, load_file(str(FIXTURES / f"{SPECULATORS.name}.step.safetensors"))["logits"], atol=1e-4, rtol=1e-4
+    )
 
 
 def test_speculators_09_folder_runs_in_tree_decoding_without_remote_code(tmp_path):
@@ -65,8 +66,9 @@ def test_speculators_09_folder_runs_in_tree_decoding_without_remote_code(tmp_pat
     assert isinstance(draft, Eagle3DraftModel)
     ids = torch.randint(3, 256, (1, 12), generator=torch.Generator().manual_seed(3))
     out = generate(target, str(folder), ids, max_new_tokens=24, eos_token_id=[])
-    plain = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False,
-                            eos_token_id=None, pad_token_id=0)
+    plain = target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=24, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     assert torch.equal(out.sequences, plain)
 
 
@@ -105,8 +107,7 @@ def test_vllm_export_carries_the_target_embedding(ours_without_embedding, tmp_pa
     state = load_file(str(out / "model.safetensors"))
     assert torch.equal(state["embed_tokens.weight"], target.get_input_embeddings().weight)
     config = json.loads((out / "config.json").read_text())
-    assert config["speculators_config"]["verifier"] == {"name_or_path": "org/tiny-llama",
-                                                        "architectures": ["LlamaForCausalLM"]}
+    assert config["speculators_config"]["verifier"] == {"name_or_path": "org/tiny-llama", "architectures": ["LlamaForCausalLM"]}
     assert config["speculators_version"] == formats.SPECULATORS_VERSION and config["tie_word_embeddings"] is False
     assert vllm_problems(out, num_target_layers=4) == []  # vLLM loads (and shares) an embedding the draft carries
     back = Eagle3DraftModel.from_pretrained(out)
@@ -123,9 +124,9 @@ def test_vllm_export_without_a_target_warns_that_it_has_no_embedding(ours_withou
     assert "embed_tokens.weight" not in formats.tensor_shapes(out)
     bound = Eagle3DraftModel.from_pretrained(ours, target=target)  # bound: the export carries the target's
     out = formats.export_draft(bound, tmp_path / "vllm-bound", to="vllm", verifier="org/tiny-llama")
-    assert torch.equal(load_file(str(out / "model.safetensors"))["embed_tokens.weight"],
-                       target.get_input_embeddings().weight)
+    assert torch.equal(load_file(str(out / "model.safetensors"))["embed_tokens.weight"], target.get_input_embeddings().weight)
     assert json.loads((out / "config.json").read_text())["speculators_config"]["verifier"]["architectures"] == [
-        "LlamaForCausalLM"]
+        "LlamaForCausalLM"
+    ]
     sglang = formats.export_draft(bound, tmp_path / "sglang", to="sglang")  # SGLang shares the target's: unchanged
     assert "embed_tokens.weight" not in formats.tensor_shapes(sglang)

@@ -17,8 +17,14 @@ from eagle3_hub import Eagle3DraftModel, formats
 
 FIXTURES = Path(__file__).parent / "fixtures" / "published_configs"
 # tiny sizes; every other key of the published config is kept
-SCALE = {"hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 4, "head_dim": 16, "vocab_size": 512,
-         "draft_vocab_size": 128}
+SCALE = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "head_dim": 16,
+    "vocab_size": 512,
+    "draft_vocab_size": 128,
+}
 
 
 def scaled_folder(name: str, tmp_path: Path, tensors_for: dict | None = None) -> tuple[Path, dict]:
@@ -107,8 +113,14 @@ def test_qwen3_0_6b_plain(tmp_path):
 def _meta_llama(num_layers: int):
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    config = LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=4,
-                         vocab_size=512, num_hidden_layers=num_layers)
+    config = LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        vocab_size=512,
+        num_hidden_layers=num_layers,
+    )
     with torch.device("meta"):
         return AutoModelForCausalLM.from_config(config)
 
@@ -216,7 +228,10 @@ def test_modelopt_export_d2t_without_t2d(tmp_path, caplog):
     assert "aux_layer_convention" not in caplog.text
     assert draft.config.aux_layer_ids == [1, 15, 28]
     assert draft.config.rope_parameters == {
-        "rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 2048, "rope_theta": 10000,
+        "rope_type": "yarn",
+        "factor": 32.0,
+        "original_max_position_embeddings": 2048,
+        "rope_theta": 10000,
     }
     assert draft.rotary_emb.attention_scaling == pytest.approx(0.1 * math.log(32.0) + 1.0)  # yarn applied
     target_ids = d2t + torch.arange(128)

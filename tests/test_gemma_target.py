@@ -31,8 +31,9 @@ MIXED_LAYERS = ["sliding_attention", "full_attention", "sliding_attention", "sli
 
 
 def plain(target, ids, mask, max_new_tokens):
-    return target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                           eos_token_id=None, pad_token_id=0)
+    return target.generate(
+        ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
 
 
 def configure_assistant(draft, num_tokens=4):
@@ -125,8 +126,7 @@ def test_tiny_sliding_window_target_lossless_past_the_window():
     try:
         configure_assistant(draft)
         one = prompts[0][None]
-        out = target.generate(one, assistant_model=draft, max_new_tokens=40, do_sample=False, eos_token_id=None,
-                              pad_token_id=0)
+        out = target.generate(one, assistant_model=draft, max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0)
         assert torch.equal(out, plain(target, one, None, 40))
         assert draft.last_assisted_stats["accepted_tokens"] > 0
     finally:
@@ -140,13 +140,19 @@ NEW_TOKENS = 40  # both prompts are 480+ tokens: every row runs past the 512-tok
 def _texts() -> tuple[str, str]:
     places = ["river", "coast", "ridge", "forest"]
     camps = ["old mill", "lighthouse", "pass", "lake"]
-    log = "Travel log of the long walk.\n\n" + "\n".join(
-        f"Day {i}: we walked {3 + i % 5} miles along the {places[i % 4]} trail and camped near the {camps[i % 4]}."
-        for i in range(1, 24)
-    ) + "\n"
-    squares = "A table of squares, one per line.\n\n" + "\n".join(
-        f"{i}. The square of {i} is {i * i}, and {i} times 3 is {3 * i}." for i in range(1, 20)
-    ) + "\n"
+    log = (
+        "Travel log of the long walk.\n\n"
+        + "\n".join(
+            f"Day {i}: we walked {3 + i % 5} miles along the {places[i % 4]} trail and camped near the {camps[i % 4]}."
+            for i in range(1, 24)
+        )
+        + "\n"
+    )
+    squares = (
+        "A table of squares, one per line.\n\n"
+        + "\n".join(f"{i}. The square of {i} is {i * i}, and {i} times 3 is {3 * i}." for i in range(1, 20))
+        + "\n"
+    )
     return log, squares
 
 
@@ -204,8 +210,9 @@ def test_gemma3_270m_lossless_past_the_sliding_window(gemma):
     draft.bind(target)
     try:
         configure_assistant(draft)
-        out = target.generate(first, assistant_model=draft, max_new_tokens=NEW_TOKENS, do_sample=False,
-                              eos_token_id=None, pad_token_id=0)
+        out = target.generate(
+            first, assistant_model=draft, max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=None, pad_token_id=0
+        )
         assert torch.equal(out, ref_one)
     finally:
         draft.unbind()

@@ -49,8 +49,12 @@ def test_training_features_give_the_head_contiguous_rows():
 
 def test_plain_generation_of_training_data_gives_the_head_contiguous_rows(tiny_target_dir, tmp_path):
     target, tok = load_target(str(tiny_target_dir), dtype=torch.float32)
-    ds = Dataset.from_list([{"messages": [{"role": "user", "content": "Hi"}]},
-                            {"messages": [{"role": "user", "content": "Name three rivers that cross a border."}]}])
+    ds = Dataset.from_list(
+        [
+            {"messages": [{"role": "user", "content": "Hi"}]},
+            {"messages": [{"role": "user", "content": "Name three rivers that cross a border."}]},
+        ]
+    )
     seen = head_inputs(target)
     regenerate(ds, target, tok, tmp_path / "regen.jsonl", max_new_tokens=3, batch_size=2)
     assert seen and all(seen)

@@ -46,10 +46,19 @@ def test_a_draft_named_by_draft_is_loaded_from_its_folder(tmp_path):
     runs = {}
     for name, extra in (("own", {}), ("named", {"draft": str(tmp_path / "other")})):
         seen = []
-        out = target.generate(ids, custom_generate=str(tmp_path / "repo"), trust_remote_code=True, max_new_tokens=30,
-                              do_sample=False, eos_token_id=None, pad_token_id=0, lookup_tokens=0,
-                              adaptive=False,  # a fixed tree: the adaptive one may draft nothing on a busy machine
-                              on_step=lambda t, d, seen=seen: seen.append(d[0]), **extra)
+        out = target.generate(
+            ids,
+            custom_generate=str(tmp_path / "repo"),
+            trust_remote_code=True,
+            max_new_tokens=30,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            lookup_tokens=0,
+            adaptive=False,  # a fixed tree: the adaptive one may draft nothing on a busy machine
+            on_step=lambda t, d, seen=seen: seen.append(d[0]),
+            **extra,
+        )
         assert torch.equal(out, ref)
         runs[name] = sum(seen)
     assert runs["named"] < runs["own"]
@@ -84,9 +93,14 @@ def test_without_the_package_no_code_of_the_repo_runs_without_trust_remote_code(
     target = make_tiny_target("llama")
     target.save_pretrained(tmp_path / "target")
     copy_draft(target).save_pretrained(tmp_path / "draft")
-    res = subprocess.run([sys.executable, "-c", _NO_PACKAGE, str(tmp_path / "target"), str(tmp_path / "draft"), gate],
-                         capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
-                         stdin=subprocess.DEVNULL)  # transformers' consent prompt reads nothing: a refusal
+    res = subprocess.run(
+        [sys.executable, "-c", _NO_PACKAGE, str(tmp_path / "target"), str(tmp_path / "draft"), gate],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdin=subprocess.DEVNULL,
+    )  # transformers' consent prompt reads nothing: a refusal
     assert res.returncode == 0, res.stderr[-3000:]
     got = json.loads(res.stdout.rpartition("RESULT ")[2])
     assert got["result"] != "ran" and "trust_remote_code=True" in got["result"]
@@ -138,8 +152,14 @@ def test_a_hub_repo_runs_at_the_revision_asked_for(tmp_path, monkeypatch):
         env.update(HF_ENDPOINT=hub.url, HF_HOME=str(tmp_path / "hf_home"), HF_HUB_DISABLE_XET="1", OMP_NUM_THREADS="1")
         runs = {}
         for name, revision in (("main", ""), ("first", first)):
-            res = subprocess.run([sys.executable, "-c", _FROM_THE_HUB, str(tmp_path / "target"), "alice/draft", revision],
-                                 capture_output=True, text=True, timeout=300, env=env, stdin=subprocess.DEVNULL)
+            res = subprocess.run(
+                [sys.executable, "-c", _FROM_THE_HUB, str(tmp_path / "target"), "alice/draft", revision],
+                capture_output=True,
+                text=True,
+                timeout=300,
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
             assert res.returncode == 0, res.stderr[-3000:]
             runs[name] = json.loads(res.stdout.rpartition("RESULT ")[2])
         first_files = {p for m, p in hub.state.requests if f"/resolve/{first}/" in p}

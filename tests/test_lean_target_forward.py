@@ -51,8 +51,14 @@ def _same_as_transformers(target, lean, dtype):
         pos = torch.arange(start, start + n).expand(2, n)
         mask = _tree_mask(start, n, dtype).expand(2, 1, n, start + n)
         with torch.no_grad():
-            ref = target(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=True,
-                         output_hidden_states=True, **{forward_cache_kwarg(target): theirs})
+            ref = target(
+                input_ids=ids,
+                position_ids=pos,
+                attention_mask=mask,
+                use_cache=True,
+                output_hidden_states=True,
+                **{forward_cache_kwarg(target): theirs},
+            )
         last, states = lean(ids, pos, mask, ours)
         assert len(states) == len(ref.hidden_states) == target.config.num_hidden_layers + 1
         tol = dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)

@@ -75,7 +75,8 @@ def test_explicit_causal_mask_equals_default(draft):
     torch.testing.assert_close(
         draft(input_ids=ids, target_hidden_states=feats, attention_mask=mask).logits,
         draft(input_ids=ids, target_hidden_states=feats).logits,
-        rtol=1e-5, atol=1e-5,
+        rtol=1e-5,
+        atol=1e-5,
     )
 
 
@@ -147,7 +148,7 @@ def test_smollm2_draft_round_trip(tmp_path, smollm2):
     draft.set_vocab_mapping(torch.arange(4096) * (text.vocab_size // 4096))
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # an untrained draft has all-ones norms: randomise them too
-        for name, p in draft.named_parameters():
+        for p in draft.parameters():
             if p.ndim == 1:
                 p.copy_(1 + 0.1 * torch.randn(p.shape, generator=g))
     draft.save_pretrained(tmp_path / "draft", save_embeddings=False)  # as published: the target's embedding

@@ -45,14 +45,14 @@ def test_step_at_is_the_spacing_of_the_dtype():
 
 def _greedy(model, ids, n):
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False,
-                             eos_token_id=[])
-    return out[0, ids.shape[1]:].tolist()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False, eos_token_id=[])
+    return out[0, ids.shape[1] :].tolist()
 
 
 def _record(method, prompt, output):
-    return TurnRecord("s", 1, "c", 1, "greedy", method, len(prompt), len(output), 0.1, 0.0, 0.1, len(output),
-                      [len(output)], 1.0, output, prompt)
+    return TurnRecord(
+        "s", 1, "c", 1, "greedy", method, len(prompt), len(output), 0.1, 0.0, 0.1, len(output), [len(output)], 1.0, output, prompt
+    )
 
 
 def test_float32_greedy_scores_as_its_own_argmax():
@@ -88,8 +88,9 @@ def test_a_wrong_token_is_caught_and_bf16_greedy_is_not():
     assert len(tree["flagged"]) == tree["over_tolerance"] and check["plain"]["flagged"] == []
     assert tree["flagged"][0]["token"] == 10 and tree["flagged"][0]["gap"] == tree["worst"]["gap"]
 
-    lossless = bench.lossless_check([_record("plain", prompt, out), _record("tree", prompt, wrong)], make_tokenizer(),
-                                    near_ties=check)
+    lossless = bench.lossless_check(
+        [_record("plain", prompt, out), _record("tree", prompt, wrong)], make_tokenizer(), near_ties=check
+    )
     assert not lossless["tree"]["lossless"]
     assert lossless["tree"]["near_ties"] is check["tree"] and lossless["tree"]["plain_near_ties"] is check["plain"]
     assert report.lossless_text(lossless["tree"]) == "NO (1 of 1 turns differ)"
@@ -119,13 +120,21 @@ def test_a_token_is_flagged_only_when_neither_precision_calls_it_a_near_tie():
     assert over32.tolist() == [True, True, False]
     assert flagged.tolist() == [False, True, False]
     assert near_ties.near_tie_flags(gaps, best, own_gaps, own_best, torch.bfloat16, steps=2.0)[3].tolist() == [
-        True, True, False]  # at 2 steps (0.25) the first is over both
+        True,
+        True,
+        False,
+    ]  # at 2 steps (0.25) the first is over both
 
 
 def test_a_near_tie_divergence_is_lossless_and_says_so(capsys):
     entry = {
-        "turns": 4, "identical": 1, "lossless": True, "mismatches": [{}], "by_suite": {"s": {"turns": 4, "identical": 1}},
-        "near_ties": {"max_gap": 0.17, "within_tolerance": True}, "plain_near_ties": {"max_gap": 0.21},
+        "turns": 4,
+        "identical": 1,
+        "lossless": True,
+        "mismatches": [{}],
+        "by_suite": {"s": {"turns": 4, "identical": 1}},
+        "near_ties": {"max_gap": 0.17, "within_tolerance": True},
+        "plain_near_ties": {"max_gap": 0.21},
     }
     text = report.lossless_text(entry, "s")
     assert text.startswith("yes, up to near-ties (3 of 4 turns part at one") and "0.17" in text and "0.21" in text
@@ -139,8 +148,16 @@ def test_bfloat16_bench_scores_every_greedy_output(tmp_path):
     target = make_tiny_target("llama").to(torch.bfloat16)
     draft = Eagle3DraftModel.from_target(target).eval().to(torch.bfloat16)
     draft.bind(target)
-    res = run_benchmark(target, make_tokenizer(), _suite(tmp_path, n=2, turns=1), methods=["tree"], draft=draft,
-                        max_new_tokens=16, progress=False, warmup=0)
+    res = run_benchmark(
+        target,
+        make_tokenizer(),
+        _suite(tmp_path, n=2, turns=1),
+        methods=["tree"],
+        draft=draft,
+        max_new_tokens=16,
+        progress=False,
+        warmup=0,
+    )
     assert res["machine"]["dtype"] == "bfloat16" and "cpu_bf16_units" in res["machine"]
     entry = res["lossless"]["tree"]
     assert entry["near_ties"]["turns"] == 2 and entry["near_ties"]["tokens"] == 32
@@ -150,6 +167,15 @@ def test_bfloat16_bench_scores_every_greedy_output(tmp_path):
     assert res["float32_check_skipped"] is None
     assert "prompt_ids" not in res["records"][0]  # records stay small: no prompts in bench.json
 
-    off = run_benchmark(target, make_tokenizer(), _suite(tmp_path, n=1, turns=1), methods=["tree"], draft=draft,
-                        max_new_tokens=8, progress=False, warmup=0, float32_check=False)
+    off = run_benchmark(
+        target,
+        make_tokenizer(),
+        _suite(tmp_path, n=1, turns=1),
+        methods=["tree"],
+        draft=draft,
+        max_new_tokens=8,
+        progress=False,
+        warmup=0,
+        float32_check=False,
+    )
     assert "near_ties" not in off["lossless"]["tree"] and "turned off" in off["float32_check_skipped"]

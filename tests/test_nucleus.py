@@ -21,8 +21,9 @@ def warped(processors, scores):
     return torch.softmax(processors(ids, scores.clone()), dim=-1)
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 0.9), (0.7, 0, 0.9), (0.7, 50, 0.9), (1.3, 20, 1.0),
-                                                       (1.0, 0, 0.999), (0.5, 7, 0.5)])
+@pytest.mark.parametrize(
+    "temperature, top_k, top_p", [(1.0, 0, 0.9), (0.7, 0, 0.9), (0.7, 50, 0.9), (1.3, 20, 1.0), (1.0, 0, 0.999), (0.5, 7, 0.5)]
+)
 @pytest.mark.parametrize("logits", ["peaked", "flat", "bf16-ties"])
 def test_the_support_gives_the_warpers_distribution(temperature, top_k, top_p, logits):
     g = torch.Generator().manual_seed(0)

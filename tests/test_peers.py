@@ -39,8 +39,9 @@ def side(job: dict, tmp_path: Path) -> dict:
     path = tmp_path / f"job-{job['do']}-{len(list(tmp_path.glob('job-*')))}.json"
     path.write_text(json.dumps(job))
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": ""}
-    done = subprocess.run([str(PEERS_PYTHON), str(SIDE), str(path)], capture_output=True, text=True, env=env,
-                          timeout=600, cwd=tmp_path)
+    done = subprocess.run(
+        [str(PEERS_PYTHON), str(SIDE), str(path)], capture_output=True, text=True, env=env, timeout=600, cwd=tmp_path
+    )
     assert done.returncode == 0, f"speculators_side.py {job['do']} failed:\n{done.stderr[-4000:]}"
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -56,8 +57,10 @@ def target_dir(tmp_path_factory):
 def features(target_dir):
     """One sequence of random target features (scaled like real ones) and tokens, as a file both sides read."""
     g = torch.Generator().manual_seed(1)
-    feats = {"hidden_states": torch.randn(1, SEQ, 3 * 64, generator=g) * 2.0,
-             "input_ids": torch.randint(3, 256, (1, SEQ), generator=g)}
+    feats = {
+        "hidden_states": torch.randn(1, SEQ, 3 * 64, generator=g) * 2.0,
+        "input_ids": torch.randint(3, 256, (1, SEQ), generator=g),
+    }
     path = target_dir.parent / "features.safetensors"
     save_file(feats, str(path))
     return path, feats
@@ -104,8 +107,9 @@ VARIANTS = {
     "norms_on": dict(norm_before_fc=True, norm_before_residual=True, norm_output=True),  # speculators 0.9's default
     "eagle31": dict(fc_norm=True, norm_output=True),
     # speculators 0.9's default architecture with a window shorter than the sequence (8 of 40 positions)
-    "norms_on_window8": dict(norm_before_fc=True, norm_before_residual=True, norm_output=True,
-                             layer_types=["sliding_attention"], sliding_window=8),
+    "norms_on_window8": dict(
+        norm_before_fc=True, norm_before_residual=True, norm_output=True, layer_types=["sliding_attention"], sliding_window=8
+    ),
 }
 
 
@@ -118,11 +122,9 @@ def test_speculators_runs_our_vllm_export(variant, target_dir, features, tmp_pat
     same logits (ours -> speculators 0.9 -> ours)."""
     features_file, feats = features
     target = make_tiny_target("llama")
-    draft = _trained_looking(Eagle3DraftModel.from_target(target, aux_layer_ids=AUX, draft_vocab_size=200,
-                                                          **VARIANTS[variant]))
+    draft = _trained_looking(Eagle3DraftModel.from_target(target, aux_layer_ids=AUX, draft_vocab_size=200, **VARIANTS[variant]))
     draft.save_pretrained(tmp_path / "ours", save_embeddings=False)  # as published: the target's embedding
-    out = formats.convert(tmp_path / "ours", tmp_path / "vllm", to="vllm", target=str(target_dir),
-                          verifier=str(target_dir))
+    out = formats.convert(tmp_path / "ours", tmp_path / "vllm", to="vllm", target=str(target_dir), verifier=str(target_dir))
     config = json.loads((out / "config.json").read_text())
     assert config["speculators_config"]["verifier"]["architectures"] == ["LlamaForCausalLM"]
     assert config["speculators_version"] == formats.SPECULATORS_VERSION
@@ -156,9 +158,14 @@ def test_ours_runs_the_draft_speculators_trainer_builds(name, target_dir, featur
     `save_pretrained`: our loader reads every field (layer_types, sliding_window, the norms) and our forward agrees
     with its forward."""
     features_file, feats = features
-    job = {"do": "train_default", "verifier": str(target_dir), "out": str(tmp_path / "theirs"),
-           "verifier_vocab_size": 256, "draft_vocab_ids": list(range(3, 256, 2))[:120],
-           "options": {"target_layer_ids": [a + 1 for a in AUX], **TRAINER_OPTIONS[name]}}
+    job = {
+        "do": "train_default",
+        "verifier": str(target_dir),
+        "out": str(tmp_path / "theirs"),
+        "verifier_vocab_size": 256,
+        "draft_vocab_ids": list(range(3, 256, 2))[:120],
+        "options": {"target_layer_ids": [a + 1 for a in AUX], **TRAINER_OPTIONS[name]},
+    }
     info, theirs = trained_and_forward(job, features_file, tmp_path)
     config = json.loads((tmp_path / "theirs" / "config.json").read_text())
     assert config["auto_map"] == {"": "config.Eagle3SpeculatorConfig"} and "model_type" not in config
@@ -184,9 +191,14 @@ def _models_sliding_windows() -> bool:
 def test_ours_runs_a_windowed_speculators_draft(target_dir, features, tmp_path):
     """A window shorter than the sequence (8 of 40 positions): the window changes the logits, and ours follow."""
     features_file, feats = features
-    job = {"do": "train_default", "verifier": str(target_dir), "out": str(tmp_path / "theirs"),
-           "verifier_vocab_size": 256, "draft_vocab_ids": list(range(3, 256, 2))[:120],
-           "options": {"target_layer_ids": [a + 1 for a in AUX], "sliding_window": 8}}
+    job = {
+        "do": "train_default",
+        "verifier": str(target_dir),
+        "out": str(tmp_path / "theirs"),
+        "verifier_vocab_size": 256,
+        "draft_vocab_ids": list(range(3, 256, 2))[:120],
+        "options": {"target_layer_ids": [a + 1 for a in AUX], "sliding_window": 8},
+    }
     info, theirs = trained_and_forward(job, features_file, tmp_path)
     assert info["sliding_window"] == 8
     ours = Eagle3DraftModel.from_pretrained(tmp_path / "theirs")

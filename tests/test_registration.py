@@ -31,8 +31,9 @@ def folders(tmp_path_factory):
 def fresh(code: str, *args) -> dict:
     """Runs ``code`` in a fresh interpreter (offline, one thread); returns the JSON it prints last."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code), *map(str, args)],
-                          capture_output=True, text=True, timeout=300, env=env)
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *map(str, args)], capture_output=True, text=True, timeout=300, env=env
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
@@ -64,8 +65,11 @@ AUTO_LOAD = """
 )
 def test_bare_import_loads_a_draft_with_automodel_and_autoconfig(folders, before, after):
     got = fresh(f"{before}\nimport eagle3_hub\n{after}\n" + textwrap.dedent(AUTO_LOAD), folders / "native")
-    assert got == {"config": "eagle3_hub.configuration_eagle3.Eagle3Config",
-                   "model": "eagle3_hub.modeling_eagle3.Eagle3DraftModel", "same_weights": True}
+    assert got == {
+        "config": "eagle3_hub.configuration_eagle3.Eagle3Config",
+        "model": "eagle3_hub.modeling_eagle3.Eagle3DraftModel",
+        "same_weights": True,
+    }
 
 
 @pytest.mark.parametrize("name", eagle3_hub.__all__)
@@ -99,7 +103,8 @@ def test_foreign_layout_reads_and_saves_with_the_model_module_alone(folders, tmp
         draft.save_pretrained(sys.argv[2])
         print(json.dumps({"formats_before": before, "aux_ids": draft.config.aux_layer_ids}))
         """,
-        folders / "speculators", tmp_path / "saved",
+        folders / "speculators",
+        tmp_path / "saved",
     )
     assert got == {"formats_before": False, "aux_ids": [0, 1, 2]}  # speculators' input ids 1..3, read as outputs
     config = json.loads((tmp_path / "saved" / "config.json").read_text())

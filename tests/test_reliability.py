@@ -62,8 +62,7 @@ def _train_cli(tmp_path, capsys, recipe_text: str, *args: str) -> tuple[int, str
     from eagle3_hub import cli
 
     config = tmp_path / "r.yaml"
-    config.write_text(f"target:\n  name: nowhere/target\ndata:\n  sources: [a.jsonl]\nwork_dir: {tmp_path / 'w'}\n"
-                      + recipe_text)
+    config.write_text(f"target:\n  name: nowhere/target\ndata:\n  sources: [a.jsonl]\nwork_dir: {tmp_path / 'w'}\n" + recipe_text)
     capsys.readouterr()
     code = cli.main(["train", "--config", str(config), *args])
     err = capsys.readouterr().err
@@ -79,24 +78,32 @@ def test_a_recipe_flag_without_a_value_is_refused(tmp_path, capsys):
     code, err = _train_cli(tmp_path, capsys, "", "--train.lr", "--data.max_turns", "2")
     assert code == 2 and "--train.lr needs a value" in err
     from eagle3_hub.training.recipe import parse_overrides
-    assert parse_overrides(["--lora.enabled", "--data.regenerate"]) == {"lora": {"enabled": True},
-                                                                        "data": {"regenerate": True}}  # switches
+
+    assert parse_overrides(["--lora.enabled", "--data.regenerate"]) == {
+        "lora": {"enabled": True},
+        "data": {"regenerate": True},
+    }  # switches
 
 
-@pytest.mark.parametrize("text, says", [
-    ("train:\n  lr: true\n", "r.yaml: train.lr must be a positive number (default 0.0005), got true"),
-    ("train:\n  lr: -0.1\n", "train.lr must be a positive number"),
-    ("train:\n  lr: .nan\n", "train.lr must be a positive number"),
-    ("train:\n  betas: [0.9]\n", "train.betas must be a list of two numbers in [0, 1)"),
-    ("train:\n  batch_size: 2.5\n", "train.batch_size must be a positive integer (default 4), got 2.5"),
-    ("train:\n  group_by_length: \"yes\"\n", "train.group_by_length must be true or false (default true), got \"yes\""),
-    ("data:\n  max_new_tokens: many\n", "data.max_new_tokens must be a positive integer (default 384), got \"many\""),
-    ("data:\n  temperature: -1\n", "data.temperature must be a non-negative number"),
-    ("data:\n  regenerate_with: 3\n",
-     "data.regenerate_with must be one of auto, tree, generate, same_forward (default \"auto\"), got 3"),
-    ("lora:\n  dropout: 1.5\n", "lora.dropout must be a number in [0, 1)"),
-    ("stages:\n  - train:\n      lr: true\n", "stage 2: train.lr must be a positive number"),
-])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ("train:\n  lr: true\n", "r.yaml: train.lr must be a positive number (default 0.0005), got true"),
+        ("train:\n  lr: -0.1\n", "train.lr must be a positive number"),
+        ("train:\n  lr: .nan\n", "train.lr must be a positive number"),
+        ("train:\n  betas: [0.9]\n", "train.betas must be a list of two numbers in [0, 1)"),
+        ("train:\n  batch_size: 2.5\n", "train.batch_size must be a positive integer (default 4), got 2.5"),
+        ('train:\n  group_by_length: "yes"\n', 'train.group_by_length must be true or false (default true), got "yes"'),
+        ("data:\n  max_new_tokens: many\n", 'data.max_new_tokens must be a positive integer (default 384), got "many"'),
+        ("data:\n  temperature: -1\n", "data.temperature must be a non-negative number"),
+        (
+            "data:\n  regenerate_with: 3\n",
+            'data.regenerate_with must be one of auto, tree, generate, same_forward (default "auto"), got 3',
+        ),
+        ("lora:\n  dropout: 1.5\n", "lora.dropout must be a number in [0, 1)"),
+        ("stages:\n  - train:\n      lr: true\n", "stage 2: train.lr must be a positive number"),
+    ],
+)
 def test_recipe_values_are_checked_against_their_type_and_range(tmp_path, capsys, text, says):
     """The defect: recipe values were not type-checked; `lr: true` trained at 1.0."""
     code, err = _train_cli(tmp_path, capsys, text)
@@ -117,8 +124,9 @@ def test_the_shipped_recipes_pass_the_value_checks():
         load_stages(load_recipe(path))
 
 
-@pytest.mark.parametrize("args", [("--from-stage", "0"), ("--from-stage", "-1"), ("--data-only", "--from-stage", "5"),
-                                  ("--from-stage", "3")])
+@pytest.mark.parametrize(
+    "args", [("--from-stage", "0"), ("--from-stage", "-1"), ("--data-only", "--from-stage", "5"), ("--from-stage", "3")]
+)
 def test_from_stage_outside_the_recipe_is_refused(tmp_path, capsys, args):
     """The defect: `--from-stage 0` silently started at stage 1; `--data-only --from-stage 5` on a two-stage recipe
     exited 0 having done nothing."""
@@ -137,8 +145,10 @@ def fake_wheel(folder: Path, version: str = "0.0.1") -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"eagle3_hub-{version}-py3-none-any.whl"
     with zipfile.ZipFile(path, "w") as zf:
-        zf.writestr(f"eagle3_hub-{version}.dist-info/METADATA",
-                    f"Name: eagle3-hub\nVersion: {version}\nRequires-Dist: torch>=2.4\nRequires-Dist: gradio>=5\n")
+        zf.writestr(
+            f"eagle3_hub-{version}.dist-info/METADATA",
+            f"Name: eagle3-hub\nVersion: {version}\nRequires-Dist: torch>=2.4\nRequires-Dist: gradio>=5\n",
+        )
     return path
 
 
@@ -158,8 +168,9 @@ def snapshot(folder: Path) -> dict[str, bytes]:
 
 
 SPACE_FILES = {"app.py", "README.md", "pairs.yaml", "requirements.txt", "space-export.json"}
-pytest_space = pytest.mark.skipif(not (Path(__file__).resolve().parent.parent / "spaces" / "app.py").is_file(),
-                                  reason="needs the source tree (spaces/)")
+pytest_space = pytest.mark.skipif(
+    not (Path(__file__).resolve().parent.parent / "spaces" / "app.py").is_file(), reason="needs the source tree (spaces/)"
+)
 
 
 @pytest_space
@@ -188,6 +199,7 @@ def test_export_space_refuses_to_replace_a_file_it_did_not_write(tmp_path, capsy
     assert code == 2 and "holds README.md, which an earlier export did not write" in err, err
     assert snapshot(dest) == before and [p.name for p in dest.iterdir()] == ["README.md"]  # no temporary leftovers
     from eagle3_hub import cli
+
     with pytest.raises(SystemExit):
         cli.main(["demo", "--help"])
     assert "replaced only when an earlier export wrote it" in " ".join(capsys.readouterr().out.split())  # the rule
@@ -301,8 +313,9 @@ def test_one_bound_draft_serves_assisted_and_tree_decoding_from_threads():
     new = 24
 
     def plain(ids):
-        return target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new,
-                               eos_token_id=None, pad_token_id=0)
+        return target.generate(
+            ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=new, eos_token_id=None, pad_token_id=0
+        )
 
     expected = [plain(ids) for ids in prompts]
     got: dict = {}
@@ -310,17 +323,27 @@ def test_one_bound_draft_serves_assisted_and_tree_decoding_from_threads():
     def assisted(k):
         def job():
             for i, ids in enumerate(prompts):
-                out = target.generate(ids, attention_mask=torch.ones_like(ids), assistant_model=draft, do_sample=False,
-                                      max_new_tokens=new, eos_token_id=None, pad_token_id=0)
+                out = target.generate(
+                    ids,
+                    attention_mask=torch.ones_like(ids),
+                    assistant_model=draft,
+                    do_sample=False,
+                    max_new_tokens=new,
+                    eos_token_id=None,
+                    pad_token_id=0,
+                )
                 got[("assisted", k, i)] = (out, draft.last_assisted_stats)
+
         return job
 
     def tree(k):
         def job():
             for i, ids in enumerate(prompts):
-                out = tree_generate(target, draft, ids, max_new_tokens=new, eos_token_id=[], depth=3, tree_top_k=2,
-                                    total_tokens=6)
+                out = tree_generate(
+                    target, draft, ids, max_new_tokens=new, eos_token_id=[], depth=3, tree_top_k=2, total_tokens=6
+                )
                 got[("tree", k, i)] = (out.sequences, None)
+
         return job
 
     errors = _run_threads([assisted(0), assisted(1), assisted(2), tree(0), tree(1)])
@@ -336,14 +359,19 @@ def test_one_bound_draft_serves_assisted_and_tree_decoding_from_threads():
 def test_an_unbound_draft_called_from_threads_binds_once():
     target, draft = _tiny_pair(seed=3)
     prompts = _prompts(2, seed=5)
-    expected = [target.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0)
-                for ids in prompts]
+    expected = [target.generate(ids, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0) for ids in prompts]
     got = []
 
     def job():
         for i, ids in enumerate(prompts):
-            got.append(torch.equal(target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=12,
-                                                   eos_token_id=None, pad_token_id=0), expected[i]))
+            got.append(
+                torch.equal(
+                    target.generate(
+                        ids, assistant_model=draft, do_sample=False, max_new_tokens=12, eos_token_id=None, pad_token_id=0
+                    ),
+                    expected[i],
+                )
+            )
 
     assert _run_threads([job, job, job]) == []
     assert got == [True] * 6 and draft.target is target
@@ -388,16 +416,22 @@ def _cli(capsys, *argv: str) -> tuple[int, str]:
     return code, errors[0]
 
 
-@pytest.mark.parametrize("argv, says", [
-    (("generate", "--prompt", "hi", "--temperature", "-1"), "generate: error: --temperature takes numbers >= 0 (0 = greedy), got -1"),
-    (("generate", "--prompt", "hi", "--temperature", "nan"), "--temperature takes numbers >= 0"),
-    (("bench", "--temperature", "-1"), "bench: error: --temperature takes numbers >= 0 (0 = greedy), got '-1'"),
-    (("generate", "--prompt", "hi", "--top-p", "0"), "generate: error: --top-p takes a number in (0, 1]"),
-    (("bench", "--top-p", "1.5"), "bench: error: --top-p takes a number in (0, 1]"),
-    (("generate", "--prompt", "hi", "--top-k", "-2"), "generate: error: --top-k takes an integer >= 0"),
-    (("bench", "--top-k", "-2"), "bench: error: --top-k takes an integer >= 0"),
-    (("demo", "--port", "99999"), "demo: error: --port must be a TCP port, 1 to 65535, got 99999"),
-])
+@pytest.mark.parametrize(
+    "argv, says",
+    [
+        (
+            ("generate", "--prompt", "hi", "--temperature", "-1"),
+            "generate: error: --temperature takes numbers >= 0 (0 = greedy), got -1",
+        ),
+        (("generate", "--prompt", "hi", "--temperature", "nan"), "--temperature takes numbers >= 0"),
+        (("bench", "--temperature", "-1"), "bench: error: --temperature takes numbers >= 0 (0 = greedy), got '-1'"),
+        (("generate", "--prompt", "hi", "--top-p", "0"), "generate: error: --top-p takes a number in (0, 1]"),
+        (("bench", "--top-p", "1.5"), "bench: error: --top-p takes a number in (0, 1]"),
+        (("generate", "--prompt", "hi", "--top-k", "-2"), "generate: error: --top-k takes an integer >= 0"),
+        (("bench", "--top-k", "-2"), "bench: error: --top-k takes an integer >= 0"),
+        (("demo", "--port", "99999"), "demo: error: --port must be a TCP port, 1 to 65535, got 99999"),
+    ],
+)
 def test_numeric_flags_are_refused_alike_in_one_line(capsys, argv, says):
     """The defects: `generate --temperature -1` ran greedy while bench refused it; `demo --port 99999` raised an
     OverflowError."""
@@ -407,8 +441,9 @@ def test_numeric_flags_are_refused_alike_in_one_line(capsys, argv, says):
 
 def test_convert_refuses_a_negative_number_of_speculative_tokens(tmp_path, capsys):
     """The defect: `convert --num-speculative-tokens -1` was written into the vLLM config."""
-    code, err = _cli(capsys, "convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--to", "vllm",
-                     "--num-speculative-tokens", "-1")
+    code, err = _cli(
+        capsys, "convert", str(tmp_path / "src"), str(tmp_path / "dst"), "--to", "vllm", "--num-speculative-tokens", "-1"
+    )
     assert code == 2 and "--num-speculative-tokens must be at least 1, got -1" in err
     assert not (tmp_path / "dst").exists()
 
@@ -471,6 +506,7 @@ def test_convert_force_never_replaces_a_vcs_folder(tmp_path, capsys, run_with_dr
     assert code == 2 and "version-control folder" in err
     assert (out / ".git" / "HEAD").read_text() == "ref\n"
     from eagle3_hub import cli
+
     # what --force is for: replacing an earlier output
     assert cli.main(["convert", str(run_with_draft / "draft"), str(tmp_path / "new")]) == 0
     assert cli.main(["convert", str(run_with_draft / "draft"), str(tmp_path / "new"), "--force"]) == 0
@@ -480,10 +516,13 @@ def test_convert_force_never_replaces_a_vcs_folder(tmp_path, capsys, run_with_dr
 # ---------------------------------------------------------------------------------------------- demo start-up
 
 
-@pytest.mark.parametrize("flags, says", [
-    (("--target", "MISSING", "--draft", "REFERENCE"), "Could not load the target"),
-    (("--device", "cuda"), "device 'cuda' is not available"),
-])
+@pytest.mark.parametrize(
+    "flags, says",
+    [
+        (("--target", "MISSING", "--draft", "REFERENCE"), "Could not load the target"),
+        (("--device", "cuda"), "device 'cuda' is not available"),
+    ],
+)
 def test_demo_does_not_serve_when_its_pair_does_not_load(tmp_path, capsys, monkeypatch, flags, says):
     """The defect: `demo` with a target that does not load logged an error and served a page anyway."""
     if "cuda" in flags and torch.cuda.is_available():
@@ -516,8 +555,7 @@ def test_bench_refuses_a_batch_size_larger_than_a_suite(tmp_path):
     target, tok = make_tiny_target("llama"), make_tokenizer()
     one = suites.load_suite(str(write_questions(tmp_path / "mt_bench" / "question.jsonl", n=1, turns=1)))
     with pytest.raises(ValueError, match=r"batch size 2 is larger than suite mt_bench's 1 question\(s\)"):
-        run_benchmark(target, tok, one, methods=["plain"], max_new_tokens=4, progress=False, warmup=0,
-                      batch_sizes=[1, 2])
+        run_benchmark(target, tok, one, methods=["plain"], max_new_tokens=4, progress=False, warmup=0, batch_sizes=[1, 2])
     res = run_benchmark(target, tok, one, methods=["plain"], max_new_tokens=4, progress=False, warmup=0, batch_sizes=[1])
     assert {r["batch"] for r in res["records"]} == {1}
 
@@ -535,8 +573,11 @@ def test_a_draft_with_non_finite_weights_is_named_when_loaded(tmp_path, capsys):
         draft.lm_head.weight[3, 1] = float("nan")
         draft.fc.weight[0, 0] = float("inf")
     draft.save_pretrained(tmp_path / "draft")
-    with pytest.raises(ValueError, match=r"non-finite weights \(NaN or Inf\) in (fc\.weight, lm_head\.weight|"
-                                         r"lm_head\.weight, fc\.weight): it cannot draft"):
+    with pytest.raises(
+        ValueError,
+        match=r"non-finite weights \(NaN or Inf\) in (fc\.weight, lm_head\.weight|"
+        r"lm_head\.weight, fc\.weight): it cannot draft",
+    ):
         Eagle3DraftModel.from_pretrained(tmp_path / "draft")
     code, err = _cli(capsys, "convert", str(tmp_path / "draft"), str(tmp_path / "out"))
     assert code == 2 and "non-finite weights" in err and not (tmp_path / "out").exists()
@@ -568,8 +609,15 @@ def test_a_pause_of_the_hooks_leaves_them_to_another_threads_call():
     draft.bind(target)
     draft.unbind(keep_target=True)  # as `load_draft(..., bind=True)` leaves a draft: bound, no hooks
     assert hooks() == 0 and draft.target is target
-    out = target.generate(ids, assistant_model=draft, do_sample=False, max_new_tokens=16, eos_token_id=None,
-                          pad_token_id=0, stopping_criteria=StoppingCriteriaList([PauseFromAnotherThread()]))
+    out = target.generate(
+        ids,
+        assistant_model=draft,
+        do_sample=False,
+        max_new_tokens=16,
+        eos_token_id=None,
+        pad_token_id=0,
+        stopping_criteria=StoppingCriteriaList([PauseFromAnotherThread()]),
+    )
     assert seen == [3]  # the hooks came back for the call, and stayed through the other thread's pause
     assert torch.equal(out, plain)
     draft.unbind(keep_target=True)
@@ -581,12 +629,15 @@ def test_a_pause_of_the_hooks_leaves_them_to_another_threads_call():
 # ---------------------------------------------------------------------------------------------- train output_dir
 
 
-@pytest.mark.parametrize("case, says", [
-    ("work_dir", "holds the work_dir"),
-    ("cwd", "holds the work_dir"),
-    ("notes", "holds files that are not a saved draft (notes.txt)"),
-    ("git", "holds files that are not a saved draft (.git, config.json)"),
-])
+@pytest.mark.parametrize(
+    "case, says",
+    [
+        ("work_dir", "holds the work_dir"),
+        ("cwd", "holds the work_dir"),
+        ("notes", "holds files that are not a saved draft (notes.txt)"),
+        ("git", "holds files that are not a saved draft (.git, config.json)"),
+    ],
+)
 def test_training_never_replaces_a_folder_that_is_not_a_draft(tmp_path, capsys, monkeypatch, case, says):
     """The trained draft replaces output_dir whole at the end of a run: `output_dir` equal to the work_dir (or a
     folder holding it) deleted the run's checkpoints and data, and any folder's own files went with it."""

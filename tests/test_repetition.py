@@ -14,9 +14,9 @@ from eagle3_hub.repetition import LOOP_SHARE_FLAG, repeated_ngram_share, repeate
 
 
 def test_repeated_ngram_share_counts_what_repeats_an_earlier_ngram():
-    text = "the cat sat on the mat and then it ran away from the dog".split()
+    text = ["the", "cat", "sat", "on", "the", "mat", "and", "then", "it", "ran", "away", "from", "the", "dog"]
     assert repeated_ngram_share(text) == 0.0
-    loop = "I think it was 1999 .".split() * 10  # a sentence sixty times over: all but its first n-grams repeat
+    loop = ["I", "think", "it", "was", "1999", "."] * 10  # a sentence sixty times over: all but its first n-grams repeat
     share = repeated_ngram_share(loop)
     assert share == pytest.approx((len(loop) - 8 + 1 - 6) / (len(loop) - 8 + 1))
     assert share > LOOP_SHARE_FLAG
@@ -59,16 +59,19 @@ def test_every_bench_row_reports_its_loop_share_and_flags_loops():
     from eagle3_hub.benchmark import bench, machine, report
 
     def rec(method, qid, ids):
-        return bench.TurnRecord("s", qid, "c", 1, "greedy", method, 5, len(ids), 0.1, 0.0, 0.1, len(ids), [len(ids)],
-                                1.0, ids)
+        return bench.TurnRecord("s", qid, "c", 1, "greedy", method, 5, len(ids), 0.1, 0.0, 0.1, len(ids), [len(ids)], 1.0, ids)
 
     natural, looping = list(range(40)), [5, 6, 7, 8] * 10
     records = [rec("plain", 1, natural), rec("plain", 2, natural), rec("lookup", 1, natural), rec("lookup", 2, looping)]
     rows = {r["method"]: r for r in bench.summarize(records) if r["suite"] == "s"}
     assert rows["plain"]["loop_share"] == 0.0
     assert rows["lookup"]["loop_share"] == pytest.approx(repeated_ngrams([natural, looping])[0] / (33 + 33))
-    results = {"results": bench.summarize(records), "lossless": {}, "machine": machine.machine_info(torch.device("cpu")),
-               "settings": {"target": "t", "draft": "d", "suites": [{"name": "s", "questions": 2}], "max_new_tokens": 40}}
+    results = {
+        "results": bench.summarize(records),
+        "lossless": {},
+        "machine": machine.machine_info(torch.device("cpu")),
+        "settings": {"target": "t", "draft": "d", "suites": [{"name": "s", "questions": 2}], "max_new_tokens": 40},
+    }
     text = report.markdown_report(results)
     assert "Loop share" in text and f"{rows['lookup']['loop_share']:.2f} LOOPS" not in text  # below the flag
     records.append(rec("lookup", 3, looping))

@@ -54,8 +54,9 @@ def test_the_folder_installs_into_a_fresh_venv_offline(space, tmp_path):
     env_dir = tmp_path / "venv"
     venv.EnvBuilder(with_pip=True, system_site_packages=False).create(env_dir)
     py = env_dir / "bin" / "python"
-    fresh_site = Path(subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                                              text=True).strip())
+    fresh_site = Path(
+        subprocess.check_output([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], text=True).strip()
+    )
     deps = [p for p in site.getsitepackages() if Path(p).is_dir()]
     (fresh_site / "zz_offline_deps.pth").write_text("".join(p + "\n" for p in deps))
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "VIRTUAL_ENV", "PIP_"))}

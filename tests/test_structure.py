@@ -49,7 +49,10 @@ def test_training_imports_neither_the_card_nor_the_hub_and_the_card_no_training(
     # the publish step reads training's metrics without the training machinery (the card command needs no extras)
     published = _eagle3_modules_after("import eagle3_hub.publish")
     assert {m for m in published if m.startswith("eagle3_hub.training")} == {
-        "eagle3_hub.training", "eagle3_hub.training.card_info", "eagle3_hub.training.presets"}
+        "eagle3_hub.training",
+        "eagle3_hub.training.card_info",
+        "eagle3_hub.training.presets",
+    }
 
 
 def test_help_of_the_cli_and_of_every_command_imports_no_torch():
@@ -59,8 +62,10 @@ def test_help_of_the_cli_and_of_every_command_imports_no_torch():
     calls = "".join(
         f"\ntry:\n    main({[*argv, '--help']!r})\nexcept SystemExit:\n    pass\n" for argv in ([], *([c] for c in COMMANDS))
     )
-    code = "import contextlib, io\nfrom eagle3_hub.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):" + \
-        calls.replace("\n", "\n    ")
+    code = (
+        "import contextlib, io\nfrom eagle3_hub.cli import main\nwith contextlib.redirect_stdout(io.StringIO()):"
+        + calls.replace("\n", "\n    ")
+    )
     loaded = _modules_after(code)
     assert not {"torch", "transformers", "gradio", "datasets", "accelerate", "matplotlib"} & loaded
 
@@ -72,12 +77,15 @@ def test_the_convert_command_offers_the_layouts_formats_writes():
     assert convert.EXPORTS == formats.EXPORTS
 
 
-@pytest.mark.parametrize(("blocked", "code", "extra"), [
-    ("accelerate", "import eagle3_hub.training.train", "train"),
-    ("datasets", "import eagle3_hub.training.data", "train"),
-    ("gradio", "from eagle3_hub.demo import build_app, pair_cache; build_app(pair_cache())", "demo"),
-    ("matplotlib", "from eagle3_hub.benchmark.report import plot_chart; plot_chart({'results': []}, 'x.png')", "bench"),
-])
+@pytest.mark.parametrize(
+    ("blocked", "code", "extra"),
+    [
+        ("accelerate", "import eagle3_hub.training.train", "train"),
+        ("datasets", "import eagle3_hub.training.data", "train"),
+        ("gradio", "from eagle3_hub.demo import build_app, pair_cache; build_app(pair_cache())", "demo"),
+        ("matplotlib", "from eagle3_hub.benchmark.report import plot_chart; plot_chart({'results': []}, 'x.png')", "bench"),
+    ],
+)
 def test_a_missing_extra_is_one_line_that_names_it(blocked, code, extra):
     probe = f"import sys\nsys.modules[{blocked!r}] = None\n{code}\n"
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
@@ -87,8 +95,10 @@ def test_a_missing_extra_is_one_line_that_names_it(blocked, code, extra):
 
 
 def test_the_cli_says_which_extra_to_install_in_one_line(tmp_path):
-    probe = ("import sys\nsys.modules['accelerate'] = None\nfrom eagle3_hub.cli import main\n"
-             f"sys.exit(main(['train', '--config', {str(tmp_path / 'recipe.yaml')!r}]))\n")
+    probe = (
+        "import sys\nsys.modules['accelerate'] = None\nfrom eagle3_hub.cli import main\n"
+        f"sys.exit(main(['train', '--config', {str(tmp_path / 'recipe.yaml')!r}]))\n"
+    )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=300)
     assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr[-2000:]
     assert done.stderr.startswith("eagle3-hub train: error: training") and "eagle3-hub[train]" in done.stderr

@@ -58,9 +58,13 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 def trained(tmp_path_factory, tiny_target_dir, data_dir):
     """One end-to-end run: regenerated answers, 30 steps, eval every 10. Returns (recipe, draft folder)."""
     tmp = tmp_path_factory.mktemp("e2e")
-    recipe = recipe_for(tmp, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
-                        data={"regenerate": True, "max_new_tokens": 16},
-                        train={"max_steps": 30, "lr": 5e-3, "eval_every": 10, "save_every": 10})
+    recipe = recipe_for(
+        tmp,
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        data={"regenerate": True, "max_new_tokens": 16},
+        train={"max_steps": 30, "lr": 5e-3, "eval_every": 10, "save_every": 10},
+    )
     out = train(recipe)
     after_training(recipe, out)  # what `eagle3-hub train` does next: the model card
     return recipe, out
@@ -68,18 +72,36 @@ def trained(tmp_path_factory, tiny_target_dir, data_dir):
 
 # ----------------------------------------------------------------------------------------------- data
 def test_every_chat_shape_is_normalised_to_messages():
-    sharegpt = {"conversations": [{"from": "gpt", "value": "Hi!"}, {"from": "human", "value": "Hello"},
-                                  {"from": "gpt", "value": "Hi, how can I help?"}, {"from": "tool", "value": "x"}]}
+    sharegpt = {
+        "conversations": [
+            {"from": "gpt", "value": "Hi!"},
+            {"from": "human", "value": "Hello"},
+            {"from": "gpt", "value": "Hi, how can I help?"},
+            {"from": "tool", "value": "x"},
+        ]
+    }
     assert normalise_example(sharegpt)["messages"] == [  # leading assistant turn and unknown roles dropped
-        {"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi, how can I help?"}]
-    openai = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "2+2?"},
-                           {"role": "assistant", "content": "4"}, {"role": "user", "content": "   "}]}
+        {"role": "user", "content": "Hello"},
+        {"role": "assistant", "content": "Hi, how can I help?"},
+    ]
+    openai = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "   "},
+        ]
+    }
     assert normalise_example(openai)["messages"] == openai["messages"][:3]
     assert normalise_example({"prompt": "Tell me a joke."})["messages"] == [{"role": "user", "content": "Tell me a joke."}]
     assert normalise_example({"question": "1+1?", "answer": "2"})["messages"] == [
-        {"role": "user", "content": "1+1?"}, {"role": "assistant", "content": "2"}]
+        {"role": "user", "content": "1+1?"},
+        {"role": "assistant", "content": "2"},
+    ]
     assert normalise_example({"instruction": "Translate.", "input": "cat", "output": "chat"})["messages"][0] == {
-        "role": "user", "content": "Translate.\n\ncat"}
+        "role": "user",
+        "content": "Translate.\n\ncat",
+    }
     assert normalise_example({"unrelated": 3})["messages"] == []
 
 
@@ -97,8 +119,12 @@ def test_local_files_of_each_shape_and_the_presets(data_dir):
 
 
 def test_dedupe_length_filter_and_seeded_order(tmp_path, data_dir, smollm2_tokenizer):
-    rows = [{"prompt": "Same question?", "response": "a"}, {"prompt": "same   QUESTION?", "response": "b"},
-            {"prompt": "Other question?", "response": "c"}, {"prompt": "x" * 30000, "response": "too long"}]
+    rows = [
+        {"prompt": "Same question?", "response": "a"},
+        {"prompt": "same   QUESTION?", "response": "b"},
+        {"prompt": "Other question?", "response": "c"},
+        {"prompt": "x" * 30000, "response": "too long"},
+    ]
     rows += [{"prompt": f"Question {i}?", "response": str(i)} for i in range(20)]
     path = write_jsonl(tmp_path / "dups.jsonl", rows)
     kw = dict(target=None, tokenizer=smollm2_tokenizer, work_dir=tmp_path / "w", regenerate_responses=False)
@@ -114,23 +140,31 @@ def masked_text(tokenizer, sample) -> str:
 
 
 def test_loss_mask_covers_assistant_turns_only(smollm2_tokenizer):
-    msgs = [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! Nice day."},
-            {"role": "user", "content": "And then?"}, {"role": "assistant", "content": "Then we rest."}]
+    msgs = [
+        {"role": "user", "content": "Hi there"},
+        {"role": "assistant", "content": "Hello! Nice day."},
+        {"role": "user", "content": "And then?"},
+        {"role": "assistant", "content": "Then we rest."},
+    ]
     out = render_with_mask(smollm2_tokenizer, msgs, max_length=512)
     assert len(out["input_ids"]) == len(out["loss_mask"]) and not out["truncated"]
     # SmolLM2's template has no {% generation %} markers: spans come from rendering growing prefixes
     assert masked_text(smollm2_tokenizer, out) == "Hello! Nice day.<|im_end|>\nThen we rest.<|im_end|>\n"
 
     zephyr = AutoTokenizer.from_pretrained(resolve_target(None)[0])
-    zephyr.chat_template = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '</s>\n' }}{% endfor %}"
-                            "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}")
+    zephyr.chat_template = (
+        "{% for m in messages %}{{ '<|' + m['role'] + '|>\n' + m['content'] + '</s>\n' }}{% endfor %}"
+        "{% if add_generation_prompt %}{{ '<|assistant|>\n' }}{% endif %}"
+    )
     out = render_with_mask(zephyr, msgs, max_length=512)
     assert masked_text(zephyr, out) == "Hello! Nice day.</s>\nThen we rest.</s>\n"
 
     rewriting = AutoTokenizer.from_pretrained(resolve_target(None)[0])  # drops earlier assistant turns
-    rewriting.chat_template = ("{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
-                               "{{ m['role'] + ': ' + m['content'] + '\n' }}{% endif %}{% endfor %}"
-                               "{% if add_generation_prompt %}assistant: {% endif %}")
+    rewriting.chat_template = (
+        "{% for m in messages %}{% if m['role'] != 'assistant' or loop.last %}"
+        "{{ m['role'] + ': ' + m['content'] + '\n' }}{% endif %}{% endfor %}"
+        "{% if add_generation_prompt %}assistant: {% endif %}"
+    )
     with pytest.raises(DataError, match="prefix by prefix"):
         render_with_mask(rewriting, msgs, max_length=512)
 
@@ -154,8 +188,9 @@ def test_self_synthesis_and_regeneration_resume_from_their_caches(tmp_path, tiny
     target, tok = load_target(str(tiny_target_dir))
     prefix = user_prefix(tok)
     assert prefix.endswith("<|im_start|>user\n") and "<|im_start|>system" in prefix
-    kw = dict(target=target, tokenizer=tok, work_dir=tmp_path, synthesize=3, regenerate_responses=True,
-              max_new_tokens=8, batch_size=4)
+    kw = dict(
+        target=target, tokenizer=tok, work_dir=tmp_path, synthesize=3, regenerate_responses=True, max_new_tokens=8, batch_size=4
+    )
     convs = build_conversations([], **kw)
     assert len(convs) == 3 and all([m["role"] for m in ex["messages"]] == ["user", "assistant"] for ex in convs)
     caches = sorted(p.name for p in tmp_path.glob("*.jsonl"))
@@ -184,7 +219,7 @@ def test_self_synthesis_and_regeneration_resume_from_their_caches(tmp_path, tiny
     steered = build_conversations([], **{**kw, "synthesize_seed": 7, "synthesize": 4, "synthesize_openers": openers})
     caches = {p.name for p in tmp_path.glob("synth-seed7-openers-*.jsonl")}
     assert len(caches) == 1 and len(steered) == 4
-    written = [json.loads(line)["prompt"] for line in open(tmp_path / caches.pop())]
+    written = [json.loads(line)["prompt"] for line in (tmp_path / caches.pop()).read_text().splitlines()]
     assert written[0].startswith("Write a poem ") and written[1].startswith("Solve the puzzle ")
     assert all(w.startswith(("Write a poem ", "Solve the puzzle ")) for w in written) and len(set(written)) == 4
     assert sorted(ex["messages"][0]["content"] for ex in steered) == sorted(written)
@@ -216,10 +251,12 @@ def test_held_out_samples_come_from_sources_no_earlier_stage_trained_on(tmp_path
 
 # ----------------------------------------------------------------------------------------------- vocabulary
 def test_draft_vocabulary_is_the_most_frequent_loss_tokens():
-    ds = Dataset.from_list([
-        {"input_ids": [5, 7, 7, 9, 3], "loss_mask": [0, 1, 1, 1, 0]},
-        {"input_ids": [7, 9, 1, 1, 5], "loss_mask": [1, 1, 0, 1, 1]},
-    ])
+    ds = Dataset.from_list(
+        [
+            {"input_ids": [5, 7, 7, 9, 3], "loss_mask": [0, 1, 1, 1, 0]},
+            {"input_ids": [7, 9, 1, 1, 5], "loss_mask": [1, 1, 0, 1, 1]},
+        ]
+    )
     counts = token_counts(ds, vocab_size=12)
     assert counts.tolist() == [0, 1, 0, 0, 0, 1, 0, 3, 0, 2, 0, 0]
     ids, coverage = select_draft_vocab(counts, 3, always_include=[11])
@@ -261,10 +298,9 @@ def test_a_new_vocabulary_keeps_the_rows_of_shared_tokens_and_maps_new_ones_from
     assert draft.t2d.sum() == 140 and draft.t2d[new_ids].all()
     with torch.no_grad():
         after = draft(input_ids=ids, target_hidden_states=aux).logits
-    shared_old = (new_ids[new_ids % 2 == 0] // 2)  # their old draft slots
+    shared_old = new_ids[new_ids % 2 == 0] // 2  # their old draft slots
     assert torch.allclose(after[..., new_ids % 2 == 0], before[..., shared_old], atol=1e-5)  # shared tokens unchanged
     assert torch.allclose(draft.lm_head.weight[new_ids % 2 == 1], head_t[new_ids[new_ids % 2 == 1]] @ fit, atol=1e-3)
-
 
 
 # ----------------------------------------------------------------------------------------------- TTT
@@ -290,15 +326,25 @@ def naive_step_logits(draft, aux, input_ids, ttt_steps) -> dict:
     for i in range(b):
         for t in range(s - 1):
             cache = DynamicCache()
-            out = draft(input_ids=input_ids[i: i + 1, 1: t + 2], target_hidden_states=aux[i: i + 1, : t + 1],
-                        position_ids=torch.arange(t + 1)[None], cache=cache, use_cache=True)
+            out = draft(
+                input_ids=input_ids[i : i + 1, 1 : t + 2],
+                target_hidden_states=aux[i : i + 1, : t + 1],
+                position_ids=torch.arange(t + 1)[None],
+                cache=cache,
+                use_cache=True,
+            )
             logits[i, t, 0] = out.logits[0, -1]
             hidden = out.hidden_states[:, -1:]
             for k in range(1, ttt_steps):
                 if t + 1 + k >= s:
                     break
-                out = draft(input_ids=input_ids[i: i + 1, t + 1 + k: t + 2 + k], hidden_states=hidden,
-                            position_ids=torch.tensor([[t + k]]), cache=out.cache, use_cache=True)
+                out = draft(
+                    input_ids=input_ids[i : i + 1, t + 1 + k : t + 2 + k],
+                    hidden_states=hidden,
+                    position_ids=torch.tensor([[t + k]]),
+                    cache=out.cache,
+                    use_cache=True,
+                )
                 logits[i, t, k] = out.logits[0, -1]
                 hidden = out.hidden_states
     return logits
@@ -334,8 +380,13 @@ def naive_ttt_loss(draft, step_logits, target_logits, loss_mask, attention_mask,
                 chain_correct[k] += chain
     losses = [sums[k] / max(loss_counts[k], 1) for k in range(ttt_steps)]
     assert loss_counts != counts  # the case has targets outside the draft vocabulary
-    return {"loss": sum(step_weight**k * l for k, l in enumerate(losses)), "step_losses": losses,
-            "step_count": counts, "step_correct": correct, "chain_correct": chain_correct}
+    return {
+        "loss": sum(step_weight**k * l for k, l in enumerate(losses)),
+        "step_losses": losses,
+        "step_count": counts,
+        "step_correct": correct,
+        "chain_correct": chain_correct,
+    }
 
 
 def ttt_case(seed: int = 0):
@@ -555,14 +606,20 @@ def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path, tin
     """Batch 3 and grad_accum 2 over 36 samples: epochs of 6 steps. The kill comes after the checkpoint of step
     8, in the middle of the second epoch, so the resumed run must rebuild that epoch's shuffle and skip its
     first batches, then cross into the third epoch."""
-    common = dict(data={"regenerate": True, "max_new_tokens": 12},  # the target's own tokens: a non-zero loss
-                  train={"max_steps": 14, "batch_size": 3, "grad_accum": 2, "save_every": 4, "eval_every": 5})
+    common = dict(
+        data={"regenerate": True, "max_new_tokens": 12},  # the target's own tokens: a non-zero loss
+        train={"max_steps": 14, "batch_size": 3, "grad_accum": 2, "save_every": 4, "eval_every": 5},
+    )
     full = recipe_for(tmp_path / "a", tiny_target_dir, [data_dir / "sharegpt.jsonl"], **common)
     killed = recipe_for(tmp_path / "b", tiny_target_dir, [data_dir / "sharegpt.jsonl"], **common)
     config = write_recipe(tmp_path / "b.yaml", killed)
-    log = open(tmp_path / "killed.log", "w")  # a file, not a pipe: progress bars must never block the run
-    proc = subprocess.Popen([sys.executable, "-m", "eagle3_hub.commands.train", "--config", str(config)], env=ENV,
-                            stdout=log, stderr=subprocess.STDOUT)
+    log = open(tmp_path / "killed.log", "w")  # noqa: SIM115 (open while the process runs) a file, not a pipe: progress bars must never block the run
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "eagle3_hub.commands.train", "--config", str(config)],
+        env=ENV,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     ckpts = Path(killed["work_dir"]) / "checkpoints"
     deadline = time.time() + 120
     while not (ckpts / "step-8").exists() and proc.poll() is None and time.time() < deadline:
@@ -595,12 +652,16 @@ def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path, tin
     assert all(torch.equal(c[k], load_file(Path(full["output_dir"]) / "model.safetensors")[k]) for k in c)
 
 
-def test_stages_train_in_one_command_and_a_resumed_chain_skips_the_finished_ones(tmp_path, tiny_target_dir, data_dir,
-                                                                                capsys):
+def test_stages_train_in_one_command_and_a_resumed_chain_skips_the_finished_ones(tmp_path, tiny_target_dir, data_dir, capsys):
     short = {"max_steps": 2, "eval_every": 2, "save_every": 2}
     first = recipe_for(tmp_path / "one", tiny_target_dir, [data_dir / "sharegpt.jsonl"], train=short)
-    second = recipe_for(tmp_path / "two", tiny_target_dir, [data_dir / "ultrachat.parquet"], train=short,
-                        draft={"init_from": first["output_dir"], "draft_vocab_size": None})
+    second = recipe_for(
+        tmp_path / "two",
+        tiny_target_dir,
+        [data_dir / "ultrachat.parquet"],
+        train=short,
+        draft={"init_from": first["output_dir"], "draft_vocab_size": None},
+    )
     first["stages"] = [str(write_recipe(tmp_path / "two.yaml", second))]
     config = write_recipe(tmp_path / "one.yaml", first)
     assert run_cli(config, "--train.lr", "0.002") == 0  # an override reaches every stage
@@ -630,11 +691,15 @@ def test_lora_mode_saves_an_adapter_loadable_as_a_peft_model_of_the_draft(tmp_pa
     from peft import PeftModel
 
     _, base_dir = trained
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
-                        data={"regenerate": True, "max_new_tokens": 16},
-                        draft={"init_from": str(base_dir), "draft_vocab_size": None},
-                        lora={"enabled": True, "r": 4, "alpha": 8},
-                        train={"max_steps": 4, "lr": 1e-2, "gradient_checkpointing": True})
+    recipe = recipe_for(
+        tmp_path,
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        data={"regenerate": True, "max_new_tokens": 16},
+        draft={"init_from": str(base_dir), "draft_vocab_size": None},
+        lora={"enabled": True, "r": 4, "alpha": 8},
+        train={"max_steps": 4, "lr": 1e-2, "gradient_checkpointing": True},
+    )
     out = train(recipe)
     files = {p.name for p in out.iterdir()}
     assert {"adapter_config.json", "adapter_model.safetensors", "training_metrics.json"} <= files
@@ -663,9 +728,13 @@ def test_lora_mode_saves_an_adapter_loadable_as_a_peft_model_of_the_draft(tmp_pa
 
 def test_a_continued_draft_can_take_a_new_vocabulary_from_the_data(tmp_path, trained, tiny_target_dir, data_dir):
     _, base_dir = trained
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
-                        draft={"init_from": str(base_dir), "draft_vocab_size": 320, "reselect_vocab": True},
-                        train={"max_steps": 2, "eval_every": 2, "save_every": 2})
+    recipe = recipe_for(
+        tmp_path,
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        draft={"init_from": str(base_dir), "draft_vocab_size": 320, "reselect_vocab": True},
+        train={"max_steps": 2, "eval_every": 2, "save_every": 2},
+    )
     out = train(recipe)
     after_training(recipe, out)  # the card, as `eagle3-hub train` writes it
     metrics = json.loads((out / "training_metrics.json").read_text())
@@ -687,8 +756,9 @@ def test_a_continued_draft_can_take_a_new_vocabulary_from_the_data(tmp_path, tra
 
 
 def test_offline_features_match_online_and_train(tmp_path, tiny_target_dir, data_dir, monkeypatch):
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], features={"mode": "offline"},
-                        train={"max_steps": 3})
+    recipe = recipe_for(
+        tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], features={"mode": "offline"}, train={"max_steps": 3}
+    )
     out = train(recipe)
     cache = Path(recipe["work_dir"]) / "features"
     shards = sorted(p.name for p in cache.glob("*.safetensors"))
@@ -722,8 +792,12 @@ def test_offline_features_match_online_and_train(tmp_path, tiny_target_dir, data
     assert first.exists() and (cache / shards[1]).stat().st_mtime_ns == mtime
     usage = namedtuple("usage", "total used free")
     monkeypatch.setattr(features_module.shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 1000, 1000))
-    small = OfflineFeatures(recipe_for(tmp_path / "x", tiny_target_dir, [], features={"cache_dir": str(tmp_path / "small")}),
-                            target, [0, 1, 2], Accelerator())
+    small = OfflineFeatures(
+        recipe_for(tmp_path / "x", tiny_target_dir, [], features={"cache_dir": str(tmp_path / "small")}),
+        target,
+        [0, 1, 2],
+        Accelerator(),
+    )
     with pytest.raises(OSError, match="GiB free"):
         small.build([splits["train"]], tok.pad_token_id)
     assert not (tmp_path / "small").exists()
@@ -737,11 +811,17 @@ def test_offline_features_are_reused_from_an_earlier_run(tmp_path, tiny_target_d
     from accelerate import Accelerator
     from datasets import load_from_disk
 
-    first = recipe_for(tmp_path / "a", tiny_target_dir, [data_dir / "sharegpt.jsonl"], features={"mode": "offline"},
-                       train={"max_steps": 1})
+    first = recipe_for(
+        tmp_path / "a", tiny_target_dir, [data_dir / "sharegpt.jsonl"], features={"mode": "offline"}, train={"max_steps": 1}
+    )
     train(first)
-    second = recipe_for(tmp_path / "b", tiny_target_dir, [data_dir / "sharegpt.jsonl", data_dir / "ultrachat.parquet"],
-                        features={"mode": "offline", "reuse_from": [first["work_dir"]]}, train={"max_steps": 1})
+    second = recipe_for(
+        tmp_path / "b",
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl", data_dir / "ultrachat.parquet"],
+        features={"mode": "offline", "reuse_from": [first["work_dir"]]},
+        train={"max_steps": 1},
+    )
     train(second)
     assert "[features] 40 samples' features taken from" in capsys.readouterr().out
 
@@ -785,11 +865,13 @@ def test_offline_features_are_reused_from_an_earlier_run(tmp_path, tiny_target_d
     elsewhere = {"mode": "offline", "cache_dir": str(tmp_path / "c"), "reuse_from": [str(tmp_path)]}
     with pytest.raises(FileNotFoundError, match="is not the work_dir of an offline-features run"):
         OfflineFeatures({**second, "features": elsewhere}, target, [0, 1, 2], Accelerator()).build(
-            [splits["train"]], tok.pad_token_id)
+            [splits["train"]], tok.pad_token_id
+        )
     other = {**elsewhere, "cache_dir": str(tmp_path / "d"), "reuse_from": [first["work_dir"]]}
     with pytest.raises(ValueError, match="reuse_from: .* was built with other aux_layer_ids"):
         OfflineFeatures({**second, "features": other}, target, [0, 1, 1], Accelerator()).build(
-            [splits["train"]], tok.pad_token_id)
+            [splits["train"]], tok.pad_token_id
+        )
 
 
 def _torchrun_two(config: Path, outputs: list[Path], timeout: int = 150, tries: int = 2):
@@ -802,14 +884,28 @@ def _torchrun_two(config: Path, outputs: list[Path], timeout: int = 150, tries: 
     for _ in range(tries):
         for out in outputs:
             shutil.rmtree(out, ignore_errors=True)
-        proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-                                 "-m", "eagle3_hub.commands.train", "--config", str(config)],
-                                env={**ENV, "ACCELERATE_USE_CPU": "true", "PYTHONFAULTHANDLER": "1"},
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--standalone",
+                "--nproc_per_node",
+                "2",
+                "-m",
+                "eagle3_hub.commands.train",
+                "--config",
+                str(config),
+            ],
+            env={**ENV, "ACCELERATE_USE_CPU": "true", "PYTHONFAULTHANDLER": "1"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         try:
             stdout, stderr = proc.communicate(timeout=timeout)
             if seen:
-                warnings.warn(f"torchrun hung past {timeout} s once, then ran; the hung run's output:\n{seen[0]}")
+                warnings.warn(f"torchrun hung past {timeout} s once, then ran; the hung run's output:\n{seen[0]}", stacklevel=2)
             return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
         except subprocess.TimeoutExpired:
             workers = []
@@ -831,8 +927,12 @@ def _torchrun_two(config: Path, outputs: list[Path], timeout: int = 150, tries: 
 def test_data_parallel_run_on_two_cpu_processes(tmp_path, tiny_target_dir, data_dir):
     """`torchrun --nproc_per_node 2` (gloo): each process sees half of every epoch, checkpoints hold both
     processes' RNG states, and one draft folder comes out."""
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
-                        train={"max_steps": None, "epochs": 1, "save_every": 4, "eval_every": 4})
+    recipe = recipe_for(
+        tmp_path,
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        train={"max_steps": None, "epochs": 1, "save_every": 4, "eval_every": 4},
+    )
     config = write_recipe(tmp_path / "recipe.yaml", recipe)
     proc = _torchrun_two(config, [Path(recipe["work_dir"]), Path(recipe["output_dir"])])
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
@@ -863,7 +963,9 @@ def test_a_peft_adapter_target_is_merged_into_its_base(tmp_path, tiny_target_dir
     recipe = recipe_for(tmp_path, adapter_dir, [data_dir / "sharegpt.jsonl"], train={"max_steps": 2})
     out = train(recipe)
     assert json.loads((out / "training_metrics.json").read_text())["recipe"]["target"]["name"] == str(adapter_dir)
-    assert Eagle3DraftModel.from_pretrained(out, target=load_target(str(adapter_dir))[0]).config.vocab_size == len(smollm2_tokenizer)
+    assert Eagle3DraftModel.from_pretrained(out, target=load_target(str(adapter_dir))[0]).config.vocab_size == len(
+        smollm2_tokenizer
+    )
 
 
 # ----------------------------------------------------------------------------------------------- bad input
@@ -886,30 +988,34 @@ def foreign_draft(tmp_path_factory):
     return folder
 
 
-@pytest.mark.parametrize("case, message", [
-    ("empty", "empty.jsonl: the dataset is empty"),
-    ("malformed", "Could not load the local file .*bad.jsonl.*JSON parse error"),
-    ("unusable", "no usable sample"),
-    ("no_data", "No data"),
-    ("no_template", "has no chat template"),
-    ("vocab_too_large", r"draft_vocab_size=100000 must be in 1\.\.49152"),
-    ("aux_out_of_range", r"aux_layer_ids \[0, 1, 7\] out of range.*3 decoder layers"),
-    ("lora_without_draft", "lora.enabled adapts an existing draft"),
-    ("foreign_draft", "does not fit|vocabulary of 256"),
-    ("unknown_key", "Unknown recipe key `train.learning_rate`"),
-    ("zero_steps", r"train\.ttt_steps=0"),
-    ("openers_not_a_list", "data.synthesize_openers must be a list of strings"),
-    ("eval_not_a_bool", r"data.sources\[0\].eval must be true or false \(default true\), got \"no\""),
-    ("reselect_without_draft", "draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from"),
-    ("reselect_not_a_bool", "draft.reselect_vocab must be true or false"),
-    ("reuse_not_a_list", "features.reuse_from must be a list of earlier runs' work_dirs"),
-    ("reuse_online", "features.reuse_from copies offline features: set features.mode: offline"),
-    ("stage_missing", "stage 2 recipe nowhere.yaml not found"),
-    ("stage_not_continuing", "stage 2 recipe .*later.yaml must continue the draft of stage 1"),
-    ("stage_same_work_dir", "stage 2 recipe .*later.yaml has the work_dir of stage 1"),
-])
-def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tiny_target_dir, data_dir,
-                                                    no_template_target, foreign_draft, capsys):
+@pytest.mark.parametrize(
+    "case, message",
+    [
+        ("empty", "empty.jsonl: the dataset is empty"),
+        ("malformed", "Could not load the local file .*bad.jsonl.*JSON parse error"),
+        ("unusable", "no usable sample"),
+        ("no_data", "No data"),
+        ("no_template", "has no chat template"),
+        ("vocab_too_large", r"draft_vocab_size=100000 must be in 1\.\.49152"),
+        ("aux_out_of_range", r"aux_layer_ids \[0, 1, 7\] out of range.*3 decoder layers"),
+        ("lora_without_draft", "lora.enabled adapts an existing draft"),
+        ("foreign_draft", "does not fit|vocabulary of 256"),
+        ("unknown_key", "Unknown recipe key `train.learning_rate`"),
+        ("zero_steps", r"train\.ttt_steps=0"),
+        ("openers_not_a_list", "data.synthesize_openers must be a list of strings"),
+        ("eval_not_a_bool", r"data.sources\[0\].eval must be true or false \(default true\), got \"no\""),
+        ("reselect_without_draft", "draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from"),
+        ("reselect_not_a_bool", "draft.reselect_vocab must be true or false"),
+        ("reuse_not_a_list", "features.reuse_from must be a list of earlier runs' work_dirs"),
+        ("reuse_online", "features.reuse_from copies offline features: set features.mode: offline"),
+        ("stage_missing", "stage 2 recipe nowhere.yaml not found"),
+        ("stage_not_continuing", "stage 2 recipe .*later.yaml must continue the draft of stage 1"),
+        ("stage_same_work_dir", "stage 2 recipe .*later.yaml has the work_dir of stage 1"),
+    ],
+)
+def test_bad_input_fails_clearly_and_writes_nothing(
+    case, message, tmp_path, tiny_target_dir, data_dir, no_template_target, foreign_draft, capsys
+):
     sources, target, extra = [data_dir / "sharegpt.jsonl"], tiny_target_dir, []
     if case == "empty":
         sources = [tmp_path / "empty.jsonl"]
@@ -926,23 +1032,26 @@ def test_bad_input_fails_clearly_and_writes_nothing(case, message, tmp_path, tin
     elif case in ("stage_not_continuing", "stage_same_work_dir"):
         # a later stage that starts from another draft than stage 1's, or that would share its work_dir
         init = str(foreign_draft) if case == "stage_not_continuing" else str(tmp_path / "work" / "draft")
-        later = recipe_for(tmp_path / ("later" if case == "stage_not_continuing" else ""), target, sources,
-                           draft={"init_from": init})
+        later = recipe_for(
+            tmp_path / ("later" if case == "stage_not_continuing" else ""), target, sources, draft={"init_from": init}
+        )
         extra = ["--stages", f"[{write_recipe(tmp_path / 'later.yaml', later)}]"]
     else:
-        extra = {"vocab_too_large": ["--draft.draft_vocab_size", "100000"],
-                 "aux_out_of_range": ["--draft.aux_layer_ids", "[0, 1, 7]"],
-                 "lora_without_draft": ["--lora.enabled", "true"],
-                 "foreign_draft": ["--draft.init_from", str(foreign_draft)],
-                 "unknown_key": ["--train.learning_rate", "0.1"],
-                 "zero_steps": ["--train.ttt_steps", "0"],
-                 "openers_not_a_list": ["--data.synthesize_openers", "Write"],
-                 "eval_not_a_bool": ["--data.sources", f"[{{path: {data_dir / 'sharegpt.jsonl'}, eval: no}}]"],
-                 "reselect_without_draft": ["--draft.reselect_vocab", "true"],
-                 "reselect_not_a_bool": ["--draft.reselect_vocab", "maybe"],
-                 "reuse_not_a_list": ["--features.mode", "offline", "--features.reuse_from", "runs/stage1"],
-                 "reuse_online": ["--features.reuse_from", "[runs/stage1]"],
-                 "stage_missing": ["--stages", "[nowhere.yaml]"]}[case]
+        extra = {
+            "vocab_too_large": ["--draft.draft_vocab_size", "100000"],
+            "aux_out_of_range": ["--draft.aux_layer_ids", "[0, 1, 7]"],
+            "lora_without_draft": ["--lora.enabled", "true"],
+            "foreign_draft": ["--draft.init_from", str(foreign_draft)],
+            "unknown_key": ["--train.learning_rate", "0.1"],
+            "zero_steps": ["--train.ttt_steps", "0"],
+            "openers_not_a_list": ["--data.synthesize_openers", "Write"],
+            "eval_not_a_bool": ["--data.sources", f"[{{path: {data_dir / 'sharegpt.jsonl'}, eval: no}}]"],
+            "reselect_without_draft": ["--draft.reselect_vocab", "true"],
+            "reselect_not_a_bool": ["--draft.reselect_vocab", "maybe"],
+            "reuse_not_a_list": ["--features.mode", "offline", "--features.reuse_from", "runs/stage1"],
+            "reuse_online": ["--features.reuse_from", "[runs/stage1]"],
+            "stage_missing": ["--stages", "[nowhere.yaml]"],
+        }[case]
     recipe = recipe_for(tmp_path, target, sources)
     config = write_recipe(tmp_path / "recipe.yaml", recipe)
     assert run_cli(config, *extra) == 2
@@ -959,8 +1068,9 @@ def test_a_failed_push_keeps_the_draft_and_says_how_to_retry(tmp_path, tiny_targ
     monkeypatch.setattr(huggingface_hub.constants, "HF_TOKEN_PATH", str(tmp_path / "no-token"))
     monkeypatch.delenv("HF_TOKEN", raising=False)
     monkeypatch.delenv("HUGGING_FACE_HUB_TOKEN", raising=False)
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train={"max_steps": 1},
-                        push_to_hub="alice/tiny-eagle3")
+    recipe = recipe_for(
+        tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train={"max_steps": 1}, push_to_hub="alice/tiny-eagle3"
+    )
     assert run_cli(write_recipe(tmp_path / "recipe.yaml", recipe)) == 1
     err = capsys.readouterr().err
     assert "No Hugging Face token found" in err and "Traceback" not in err
@@ -970,9 +1080,14 @@ def test_a_failed_push_keeps_the_draft_and_says_how_to_retry(tmp_path, tiny_targ
 
 def test_overrides_are_parsed_as_yaml_and_checked_against_the_recipe():
     assert parse_overrides(["--train.lr", "3e-4", "--data.regenerate=false", "--lora.enabled", "--train.max_steps", "null"]) == {
-        "train": {"lr": 3e-4, "max_steps": None}, "data": {"regenerate": False}, "lora": {"enabled": True}}
+        "train": {"lr": 3e-4, "max_steps": None},
+        "data": {"regenerate": False},
+        "lora": {"enabled": True},
+    }
     assert parse_overrides(["--train.weight_decay", "1e-2", "--train.betas", "[0.9, 0.95]"])["train"] == {
-        "weight_decay": 0.01, "betas": [0.9, 0.95]}  # YAML 1.2 floats: 1e-2 is a number, not a string
+        "weight_decay": 0.01,
+        "betas": [0.9, 0.95],
+    }  # YAML 1.2 floats: 1e-2 is a number, not a string
     path = Path(__file__).parents[1] / "recipes" / "smollm2-135m-instruct.yaml"
     recipe = load_recipe(path, {"train": {"lr": 0.01}})
     in_file = yaml.safe_load(path.read_text())
@@ -986,24 +1101,59 @@ def test_overrides_are_parsed_as_yaml_and_checked_against_the_recipe():
 @pytest.mark.slow  # train() loads the real target itself
 def test_short_real_run_on_smollm2(tmp_path, smollm2):
     """SmolLM2-135M-Instruct (float32): answers regenerated by the model itself, 3 TTT steps, a held-out eval."""
-    rows = [{"question": q, "answer": "unused: regenerated"} for q in (
-        "What is 12 times 3?", "Name the capital of France.", "Give one word that rhymes with cat.",
-        "How many legs does a spider have?", "What colour is the sky on a clear day?", "Spell the word dog backwards.",
-        "What is 100 minus 42?", "Which is larger, 7 or 9?")]
-    recipe = load_recipe(None, {
-        "target": {"name": None, "dtype": "float32"},
-        "draft": {"draft_vocab_size": 2048},
-        "data": {"sources": [str(write_jsonl(tmp_path / "q.jsonl", rows))], "regenerate": True, "max_new_tokens": 24,
-                 "gen_batch_size": 8, "max_length": 96, "eval_samples": 2},
-        "train": {"ttt_steps": 3, "max_steps": 3, "batch_size": 4, "lr": 1e-3, "warmup_steps": 1, "save_every": 3,
-                  "eval_every": 3, "log_every": 1, "num_threads": 1},
-        "work_dir": str(tmp_path / "work"),
-    })
+    rows = [
+        {"question": q, "answer": "unused: regenerated"}
+        for q in (
+            "What is 12 times 3?",
+            "Name the capital of France.",
+            "Give one word that rhymes with cat.",
+            "How many legs does a spider have?",
+            "What colour is the sky on a clear day?",
+            "Spell the word dog backwards.",
+            "What is 100 minus 42?",
+            "Which is larger, 7 or 9?",
+        )
+    ]
+    recipe = load_recipe(
+        None,
+        {
+            "target": {"name": None, "dtype": "float32"},
+            "draft": {"draft_vocab_size": 2048},
+            "data": {
+                "sources": [str(write_jsonl(tmp_path / "q.jsonl", rows))],
+                "regenerate": True,
+                "max_new_tokens": 24,
+                "gen_batch_size": 8,
+                "max_length": 96,
+                "eval_samples": 2,
+            },
+            "train": {
+                "ttt_steps": 3,
+                "max_steps": 3,
+                "batch_size": 4,
+                "lr": 1e-3,
+                "warmup_steps": 1,
+                "save_every": 3,
+                "eval_every": 3,
+                "log_every": 1,
+                "num_threads": 1,
+            },
+            "work_dir": str(tmp_path / "work"),
+        },
+    )
     out = train(recipe)
     metrics = json.loads((out / "training_metrics.json").read_text())
     data = dict(metrics["data"])
     generation = data.pop("generation")  # how the answers were regenerated
-    assert data == {"samples": 8, "truncated": 0, "dropped_no_loss_tokens": 0, "kept": 8, "eval_candidates": 8, "train": 7, "eval": 1}
+    assert data == {
+        "samples": 8,
+        "truncated": 0,
+        "dropped_no_loss_tokens": 0,
+        "kept": 8,
+        "eval_candidates": 8,
+        "train": 7,
+        "eval": 1,
+    }
     calls = [c for file_calls in generation["calls"].values() for c in file_calls]
     assert generation["regenerate_with"] == "auto" and sum(c["samples"] for c in calls) == 8
     # greedy answers on a CPU: plain decoding through the same forward, faster for batches than a tree

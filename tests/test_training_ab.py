@@ -14,10 +14,16 @@ from eagle3_hub.training.ab.__main__ import main as ab_main
 from eagle3_hub.training.train import train
 
 
-def test_arms_train_from_the_same_init_on_the_same_data_and_the_report_has_mean_and_spread(tmp_path, tiny_target_dir,
-                                                                                          data_dir, capsys):
-    base = recipe_for(tmp_path / "base", tiny_target_dir, [data_dir / "sharegpt.jsonl"], features={"mode": "offline"},
-                      train={"max_steps": 3, "lr": 5e-3})
+def test_arms_train_from_the_same_init_on_the_same_data_and_the_report_has_mean_and_spread(
+    tmp_path, tiny_target_dir, data_dir, capsys
+):
+    base = recipe_for(
+        tmp_path / "base",
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        features={"mode": "offline"},
+        train={"max_steps": 3, "lr": 5e-3},
+    )
     init = train(base)  # the draft every arm continues
     out = tmp_path / "ab"
     arms = [parse_arm("kl"), parse_arm("mix={train: {loss: {kl: 0.5, lk_log: 0.5}}}")]
@@ -65,8 +71,24 @@ def test_the_command_line_runs_the_comparison_and_refuses_bad_arms(tmp_path, tin
     train(base)
     config = write_recipe(tmp_path / "recipe.yaml", base)
     out = tmp_path / "ab"
-    argv = ["--recipe", str(config), "--arm", "kl", "--arm", "lk_hybrid", "--seeds", "0", "--steps", "2",
-            "--out", str(out), "--max-samples", "20", "--train.lk_eta", "2"]
+    argv = [
+        "--recipe",
+        str(config),
+        "--arm",
+        "kl",
+        "--arm",
+        "lk_hybrid",
+        "--seeds",
+        "0",
+        "--steps",
+        "2",
+        "--out",
+        str(out),
+        "--max-samples",
+        "20",
+        "--train.lk_eta",
+        "2",
+    ]
     assert ab_main(argv) == 0
     printed = capsys.readouterr().out
     assert "| lk_hybrid | 0 |" in printed and (out / "ab.md").exists()

@@ -46,8 +46,10 @@ def test_recipe_chat_template_trains_a_base_model(tmp_path, base_target_dir):
 
 
 # ------------------------------------------------------------------------------ natural text as a source
-HEADER = "Copyright the authors. Licensed under the Apache License, Version 2.0; you may not use this file except " \
-         "in compliance with the License. You may obtain a copy of the License from the Apache web site.\n\n"
+HEADER = (
+    "Copyright the authors. Licensed under the Apache License, Version 2.0; you may not use this file except "
+    "in compliance with the License. You may obtain a copy of the License from the Apache web site.\n\n"
+)
 
 
 def documents(folder):
@@ -57,8 +59,9 @@ def documents(folder):
     (folder / "story.txt").write_text(HEADER + story)
     (folder / "notes.md").write_text(HEADER + "These notes describe the harbour and its lighthouses at some length.")
     (folder / "ignored.csv").write_text("a,b\n1,2\n")
-    records = write_jsonl(folder.parent / "web.jsonl", [{"text": f"Page {i}. " + "Words about the weather. " * 20, "url": i}
-                                                       for i in range(3)])
+    records = write_jsonl(
+        folder.parent / "web.jsonl", [{"text": f"Page {i}. " + "Words about the weather. " * 20, "url": i} for i in range(3)]
+    )
     return folder, records, [HEADER + story, HEADER + "These notes describe the harbour and its lighthouses at some length."]
 
 
@@ -86,7 +89,7 @@ def test_a_text_source_reads_code_files_when_it_names_their_endings(tmp_path):
     from eagle3_hub.training.sources import load_source, text_samples
 
     folder, _, docs = documents(tmp_path / "docs")
-    code = "def area(r):\n    \"\"\"The area of a circle of radius r.\"\"\"\n    return 3.14159 * r * r\n" * 4
+    code = 'def area(r):\n    """The area of a circle of radius r."""\n    return 3.14159 * r * r\n' * 4
     (folder / "lib").mkdir()
     (folder / "lib" / "geometry.py").write_text(code)
     (folder / "lib" / "geometry.pyc").write_bytes(b"\x00\x01")  # another ending: never read
@@ -98,15 +101,18 @@ def test_a_text_source_reads_code_files_when_it_names_their_endings(tmp_path):
     assert len(both) == len(py) + len(read)
 
 
-@pytest.mark.parametrize("source, says", [
-    ({"kind": "txt"}, r"data source '.*': kind must be one of chat, text \(default \"chat\"\), got \"txt\""),
-    ({"opening_chars": 100}, "opening_chars belong to documents: add `kind: text`"),
-    ({"kind": "text", "max_chars": 0}, "max_chars must be a positive integer"),
-    ({"kind": "text", "field": "body"}, "reads each record's `body` field, but its fields are text, url"),
-    ({"kind": "text", "suffixes": ["py"]}, r"suffixes must list the endings .* each with its dot \(e.g. \[.py, .c\]\)"),
-    ({"kind": "text", "suffixes": [".jsonl"]}, "suffixes name text files; .json, .jsonl and .parquet files are read as"),
-    ({"suffixes": [".py"]}, "suffixes belong to documents: add `kind: text`"),
-])
+@pytest.mark.parametrize(
+    "source, says",
+    [
+        ({"kind": "txt"}, r"data source '.*': kind must be one of chat, text \(default \"chat\"\), got \"txt\""),
+        ({"opening_chars": 100}, "opening_chars belong to documents: add `kind: text`"),
+        ({"kind": "text", "max_chars": 0}, "max_chars must be a positive integer"),
+        ({"kind": "text", "field": "body"}, "reads each record's `body` field, but its fields are text, url"),
+        ({"kind": "text", "suffixes": ["py"]}, r"suffixes must list the endings .* each with its dot \(e.g. \[.py, .c\]\)"),
+        ({"kind": "text", "suffixes": [".jsonl"]}, "suffixes name text files; .json, .jsonl and .parquet files are read as"),
+        ({"suffixes": [".py"]}, "suffixes belong to documents: add `kind: text`"),
+    ],
+)
 def test_a_bad_text_source_is_named(tmp_path, source, says):
     from eagle3_hub.training.sources import load_source
 
@@ -119,7 +125,9 @@ def test_a_recipe_with_an_unknown_source_kind_is_refused_when_read(tmp_path):
     from eagle3_hub.training.recipe import load_recipe
 
     (tmp_path / "r.yaml").write_text("data:\n  sources:\n    - {path: docs, kind: txt}\n")
-    with pytest.raises(ValueError, match=r'r.yaml: data.sources\[0\].kind must be one of chat, text \(default "chat"\), got "txt"'):
+    with pytest.raises(
+        ValueError, match=r'r.yaml: data.sources\[0\].kind must be one of chat, text \(default "chat"\), got "txt"'
+    ):
         load_recipe(tmp_path / "r.yaml")
     assert load_recipe(None, {"data": {"sources": ["a.jsonl", {"path": "docs", "kind": "text"}]}})
 
@@ -134,15 +142,20 @@ def test_text_sources_are_kept_as_written_and_pieces_that_open_alike_both_stay(t
     target, tok = load_target(str(tiny_target_dir), dtype=torch.float32)
     folder, records, docs = documents(tmp_path / "docs")
     # regenerate on (the default) answers prompts, but natural text is what it is
-    ds = build_conversations([{"path": str(folder), "kind": "text"}], target, tok, tmp_path / "w",
-                             regenerate_with="generate")
+    ds = build_conversations([{"path": str(folder), "kind": "text"}], target, tok, tmp_path / "w", regenerate_with="generate")
     want = text_samples(docs)
     assert sorted(map(json.dumps, ds["messages"])) == sorted(map(json.dumps, (s["messages"] for s in want)))
     assert sum(m[0]["content"].startswith("Copyright") for m in ds["messages"]) == 2  # same opening, both kept
     assert not (tmp_path / "w" / GENERATION_REPORT).exists()  # nothing generated
     # `regenerate: true` on a text source: the target continues each opening
-    again = build_conversations([{"path": str(records), "kind": "text", "regenerate": True}], target, tok,
-                                tmp_path / "r", regenerate_with="generate", max_new_tokens=8)
+    again = build_conversations(
+        [{"path": str(records), "kind": "text", "regenerate": True}],
+        target,
+        tok,
+        tmp_path / "r",
+        regenerate_with="generate",
+        max_new_tokens=8,
+    )
     report = json.loads((tmp_path / "r" / GENERATION_REPORT).read_text())
     assert len(again) == 3 and any(name.startswith("regen-") for name in report["calls"])
     assert all(not m[1]["content"].startswith("Words about") for m in again["messages"])
@@ -154,8 +167,13 @@ def test_a_base_model_trains_on_natural_text(tmp_path, base_target_dir):
     folder, _, docs = documents(tmp_path / "docs")
     # with prompts the target continues: the draft vocabulary then holds the tiny random target's favourite tokens,
     # which it predicts on the documents too (a real target's next tokens on text are the text's common ones)
-    recipe = recipe_for(tmp_path, base_target_dir, [prompts(tmp_path), {"path": str(folder), "kind": "text"}],
-                        target={"chat_template": PLAIN}, data={"max_length": 128})
+    recipe = recipe_for(
+        tmp_path,
+        base_target_dir,
+        [prompts(tmp_path), {"path": str(folder), "kind": "text"}],
+        target={"chat_template": PLAIN},
+        data={"max_length": 128},
+    )
     out = train(recipe)
     metrics = json.loads((out / "training_metrics.json").read_text())
     assert metrics["data"]["kept"] == 24 + len(text_samples(docs))

@@ -34,18 +34,28 @@ def weights(folder: Path) -> dict:
 
 def test_run_identity_ignores_bookkeeping_but_not_what_the_run_computes(tmp_path, tiny_target_dir, data_dir):
     base = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"])
-    same = recipe_for(tmp_path / "elsewhere", tiny_target_dir, [data_dir / "sharegpt.jsonl"],
-                      train={"save_every": 1, "log_every": 7, "num_threads": 2, "keep_checkpoints": 5},
-                      output_dir=str(tmp_path / "out"))
+    same = recipe_for(
+        tmp_path / "elsewhere",
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        train={"save_every": 1, "log_every": 7, "num_threads": 2, "keep_checkpoints": 5},
+        output_dir=str(tmp_path / "out"),
+    )
     assert run_id(run_identity(base)) == run_id(run_identity(same))
-    for change in ({"train": {"lr": 1e-3}}, {"train": {"seed": 1}}, {"data": {"max_length": 32}},
-                   {"draft": {"draft_vocab_size": 128}}, {"target": {"dtype": "bfloat16"}}):
+    for change in (
+        {"train": {"lr": 1e-3}},
+        {"train": {"seed": 1}},
+        {"data": {"max_length": 32}},
+        {"draft": {"draft_vocab_size": 128}},
+        {"target": {"dtype": "bfloat16"}},
+    ):
         other = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], **change)
         assert run_id(run_identity(other)) != run_id(run_identity(base)), change
 
 
 def test_a_fresh_run_over_another_runs_checkpoints_refuses_and_overwrite_moves_that_run_aside(
-        tmp_path, tiny_target_dir, data_dir, capsys):
+    tmp_path, tiny_target_dir, data_dir, capsys
+):
     """The defect: a fresh run left the old run's checkpoints in place, pruning deleted its own, and a resume
     loaded the old run's weights as the new draft."""
     regen = {"regenerate": True, "max_new_tokens": 12}  # the target's own tokens: the weights move
@@ -62,9 +72,12 @@ def test_a_fresh_run_over_another_runs_checkpoints_refuses_and_overwrite_moves_t
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("eagle3-hub train: error: ")]
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert re.search(rf"{re.escape(str(work))} holds checkpoints of another run \(its recipe differs: "
-                     r"train\.lr 0\.0005 -> 0\.002\), up to step 6: pass --overwrite to move that run aside to "
-                     rf"{re.escape(str(work))}/previous-<time>, or give another work_dir", lines[0]), lines[0]
+    assert re.search(
+        rf"{re.escape(str(work))} holds checkpoints of another run \(its recipe differs: "
+        r"train\.lr 0\.0005 -> 0\.002\), up to step 6: pass --overwrite to move that run aside to "
+        rf"{re.escape(str(work))}/previous-<time>, or give another work_dir",
+        lines[0],
+    ), lines[0]
     assert ckpt_runs(work) == {"step-3": a_id, "step-6": a_id}
     # the same recipe again, fresh: its own checkpoints are not silently mixed with a new run's either
     with pytest.raises(ValueError, match=r"already holds checkpoints of this recipe \(up to step 6\): pass --resume"):
@@ -84,8 +97,11 @@ def test_a_fresh_run_over_another_runs_checkpoints_refuses_and_overwrite_moves_t
     assert not torch.equal(a_draft["fc.weight"], b_draft["fc.weight"])
 
     # resuming the older recipe in this work_dir is refused: its checkpoints are elsewhere now
-    with pytest.raises(ValueError, match=r"holds checkpoints of another run \(its recipe differs: train\.lr 0\.002 -> "
-                                         r"0\.0005\), up to step 6: resume it with the recipe that started it"):
+    with pytest.raises(
+        ValueError,
+        match=r"holds checkpoints of another run \(its recipe differs: train\.lr 0\.002 -> "
+        r"0\.0005\), up to step 6: resume it with the recipe that started it",
+    ):
         train(a, resume=True)
     # the run's own resume of a finished run writes its own draft again
     train(b, resume=True)
@@ -111,8 +127,9 @@ def check_whole(ckpt: Path) -> str:
 
 
 @pytest.mark.parametrize("partial", [False, True], ids=["before", "half-deleted"])
-def test_a_kill_at_any_step_of_a_checkpoint_save_leaves_a_whole_old_or_new_checkpoint(tmp_path, monkeypatch, partial,
-                                                                                   own_accelerator_state):
+def test_a_kill_at_any_step_of_a_checkpoint_save_leaves_a_whole_old_or_new_checkpoint(
+    tmp_path, monkeypatch, partial, own_accelerator_state
+):
     """Replacing step-5 (which exists, e.g. written by an earlier attempt) and pruning step-3, killed before each
     rename, delete and write in turn (``half-deleted``: a delete killed after removing all but the state file);
     the next start's ``recover`` then leaves step-5 whole (old or new), and no temporary folder."""
@@ -164,8 +181,9 @@ def test_a_kill_at_any_step_of_a_checkpoint_save_leaves_a_whole_old_or_new_check
 
 
 @pytest.mark.parametrize("where", ["writing", "renaming"])
-def test_a_run_killed_while_saving_resumes_from_its_own_last_whole_checkpoint(where, tmp_path, tiny_target_dir, data_dir,
-                                                                             monkeypatch):
+def test_a_run_killed_while_saving_resumes_from_its_own_last_whole_checkpoint(
+    where, tmp_path, tiny_target_dir, data_dir, monkeypatch
+):
     """Killed while accelerate writes step 6's files (the half checkpoint is dropped: the resume starts at step 3)
     or after they are whole but before the rename (the resume takes step 6): either way the run ends with the
     weights of an uninterrupted run."""

@@ -26,22 +26,46 @@ from eagle3_hub.targets import load_target
 from eagle3_hub.training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-       "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+ENV = {
+    **os.environ,
+    "OMP_NUM_THREADS": "1",
+    "TOKENIZERS_PARALLELISM": "false",
+    "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+}
 # 36 training samples: batch 2 on each of 2 processes is the single process's batch 2 with grad_accum 2, and the
 # held-out 4 split evenly, so both runs see the same samples in every step and evaluation
 STEPS = 20
-COMMON = {"max_steps": STEPS, "batch_size": 2, "save_every": 5, "eval_every": 10, "mixed_precision": "no",
-          "group_by_length": False}
+COMMON = {
+    "max_steps": STEPS,
+    "batch_size": 2,
+    "save_every": 5,
+    "eval_every": 10,
+    "mixed_precision": "no",
+    "group_by_length": False,
+}
 
 
 def fsdp_launch(config: Path, *extra: str, **popen) -> subprocess.Popen:
     with socket.socket() as s:  # a free port: another distributed test may hold accelerate's default
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ROOT / "recipes/accelerate/fsdp.yaml"),
-           "--num_processes", "2", "--mixed_precision", "no", "--main_process_port", str(port),
-           str(ROOT / "tests/fsdp_on_cpu.py"), "--config", str(config), *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "recipes/accelerate/fsdp.yaml"),
+        "--num_processes",
+        "2",
+        "--mixed_precision",
+        "no",
+        "--main_process_port",
+        str(port),
+        str(ROOT / "tests/fsdp_on_cpu.py"),
+        "--config",
+        str(config),
+        *extra,
+    ]
     return subprocess.Popen(cmd, env=ENV, **popen)
 
 
@@ -57,8 +81,9 @@ def eval_losses(recipe: dict) -> list[tuple[int, float]]:
 
 
 @pytest.mark.slow
-def test_fsdp_on_two_processes_matches_one_process_and_resumes_after_a_kill(tmp_path, tiny_target_dir, data_dir,
-                                                                          own_accelerator_state):
+def test_fsdp_on_two_processes_matches_one_process_and_resumes_after_a_kill(
+    tmp_path, tiny_target_dir, data_dir, own_accelerator_state
+):
     sources = [data_dir / "sharegpt.jsonl"]
     one = recipe_for(tmp_path / "one", tiny_target_dir, sources, train={**COMMON, "grad_accum": 2})
     two = recipe_for(tmp_path / "two", tiny_target_dir, sources, train={**COMMON, "grad_accum": 1})
@@ -75,8 +100,9 @@ def test_fsdp_on_two_processes_matches_one_process_and_resumes_after_a_kill(tmp_
 
     # checkpoints are whole: the full (gathered) state dict, the optimizer, each process's RNG state
     last = Path(two["work_dir"]) / "checkpoints" / f"step-{STEPS}"
-    assert {"pytorch_model_fsdp.bin", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl",
-            "trainer_state.json"} <= {p.name for p in last.iterdir()}
+    assert {"pytorch_model_fsdp.bin", "optimizer.bin", "random_states_0.pkl", "random_states_1.pkl", "trainer_state.json"} <= {
+        p.name for p in last.iterdir()
+    }
     assert not list(last.glob("*rank*")) and not list(last.glob("*.distcp"))
 
     # killed after a checkpoint, resumed: it ends on the uninterrupted run's weights

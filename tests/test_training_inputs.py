@@ -20,10 +20,13 @@ def one_error_line(err: str) -> str:
     return lines[0]
 
 
-@pytest.mark.parametrize("text, where", [
-    ("train:\n  lr: 0.1\n   max_steps: 3\n", r"line 3, column 13: mapping values are not allowed here"),
-    ("train: {lr: [1, 2}\n", r"line 1, column 18: expected ',' or '\]', but got '\}'"),
-])
+@pytest.mark.parametrize(
+    "text, where",
+    [
+        ("train:\n  lr: 0.1\n   max_steps: 3\n", r"line 3, column 13: mapping values are not allowed here"),
+        ("train: {lr: [1, 2}\n", r"line 1, column 18: expected ',' or '\]', but got '\}'"),
+    ],
+)
 def test_a_recipe_that_is_not_yaml_fails_in_one_line_naming_file_and_line(tmp_path, capsys, text, where):
     path = tmp_path / "recipe.yaml"
     path.write_text(text)
@@ -49,21 +52,34 @@ def test_answers_the_target_would_not_write_stop_the_run_with_the_masked_share(t
     """Foreign answers (regenerate: false) and a draft vocabulary chosen from them: the tiny target's next token is
     almost never among those tokens, so a run trained on nothing (loss 0.000 every step) before; now it stops at
     its first check, in one line that says why and the fix."""
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], data={"regenerate": False},
-                        train={"max_steps": 20, "save_every": 20, "eval_every": 20})
+    recipe = recipe_for(
+        tmp_path,
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        data={"regenerate": False},
+        train={"max_steps": 20, "save_every": 20, "eval_every": 20},
+    )
     assert run_cli(write_recipe(tmp_path / "recipe.yaml", recipe)) == 2
     line = one_error_line(capsys.readouterr().err)
-    assert re.search(r"error: (99\.\d|100\.0)% of the positions to learn in the first 10 step\(s\) are masked out: the "
-                     r"target's next token there lies outside the draft vocabulary \(256 tokens\), so the draft learns "
-                     r"\(nearly\) nothing\. The data's answers are not the target's own: set data.regenerate: true", line), line
+    assert re.search(
+        r"error: (99\.\d|100\.0)% of the positions to learn in the first 10 step\(s\) are masked out: the "
+        r"target's next token there lies outside the draft vocabulary \(256 tokens\), so the draft learns "
+        r"\(nearly\) nothing\. The data's answers are not the target's own: set data.regenerate: true",
+        line,
+    ), line
     assert not (Path(recipe["work_dir"]) / "checkpoints").exists() and not Path(recipe["output_dir"]).exists()
 
 
 def test_the_masked_share_is_reported_and_a_high_one_is_warned_about(tmp_path, tiny_target_dir, data_dir, capsys):
     """A draft vocabulary of 8 tokens from the target's own answers: most positions are masked, the run warns once
     and goes on; the share is in the eval history and the final metrics. Its own answers, full vocabulary: no word."""
-    small = recipe_for(tmp_path / "small", tiny_target_dir, [data_dir / "sharegpt.jsonl"], draft={"draft_vocab_size": 8},
-                       train={"max_steps": 10, "save_every": 10, "eval_every": 5})
+    small = recipe_for(
+        tmp_path / "small",
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        draft={"draft_vocab_size": 8},
+        train={"max_steps": 10, "save_every": 10, "eval_every": 5},
+    )
     out = train(small)
     printed = capsys.readouterr().out
     share = json.loads((out / "training_metrics.json").read_text())["acceptance"]["masked_share"]

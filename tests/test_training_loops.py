@@ -20,15 +20,15 @@ SENTENCE = "I think it was 1999.\n"
 
 
 def test_loop_start_keeps_the_looping_sentence_once():
-    words = "Q : when was it ? A :".split() + "I think it was 1999 .".split() * 10
-    assert words[: loop_start(words)] == "Q : when was it ? A : I think it was 1999 .".split()
+    words = ["Q", ":", "when", "was", "it", "?", "A", ":"] + ["I", "think", "it", "was", "1999", "."] * 10
+    assert words[: loop_start(words)] == ["Q", ":", "when", "was", "it", "?", "A", ":", "I", "think", "it", "was", "1999", "."]
     assert loop_start(list(range(40))) is None  # nothing repeats
     assert loop_start([5] * 30) == 1  # one token again and again: kept once
     # a phrase that recurs once before the loop does not cut the answer short; without a long run, the first repeat
-    phrase = "the number of apples is ten and".split() + ["so"]
-    text = phrase + list("abcdefghijkl") + phrase + list("mnopqrstuv") + "I think it was 1999 .".split() * 6
+    phrase = ["the", "number", "of", "apples", "is", "ten", "and"] + ["so"]
+    text = phrase + list("abcdefghijkl") + phrase + list("mnopqrstuv") + ["I", "think", "it", "was", "1999", "."] * 6
     start = loop_start(text)
-    assert text[start:start + 5] == "I think it was 1999".split() and start > 2 * len(phrase)
+    assert text[start : start + 5] == ["I", "think", "it", "was", "1999"] and start > 2 * len(phrase)
     short = phrase + list("abcdefghijkl") + phrase
     assert loop_start(short) == len(phrase) + 12
 
@@ -68,8 +68,7 @@ def test_a_threshold_cuts_the_cached_answers_without_generating_again(tmp_path, 
     the data is assembled, so a run with a threshold reuses the cache, generates nothing, and reports the cut."""
     target, tok = load_target(str(tiny_target_dir), dtype=torch.float32)
     sources = [str(data_dir / "prompts.json"), {"path": str(data_dir / "sharegpt.jsonl"), "max_samples": 10}]
-    kw = dict(target=target, tokenizer=tok, work_dir=tmp_path, max_new_tokens=48, batch_size=8,
-              regenerate_with="same_forward")
+    kw = dict(target=target, tokenizer=tok, work_dir=tmp_path, max_new_tokens=48, batch_size=8, regenerate_with="same_forward")
     raw = build_conversations(sources, **kw)
     (cache,) = tmp_path.glob("regen-*.jsonl")
     cached, calls = cache.read_text(), json.loads((tmp_path / GENERATION_REPORT).read_text())["calls"]
@@ -126,10 +125,13 @@ def test_a_recipe_threshold_reaches_the_training_data(tmp_path, tiny_target_dir,
     from eagle3_hub.training.train import train
 
     sources = [data_dir / "prompts.json", {"path": str(data_dir / "sharegpt.jsonl"), "max_samples": 10}]
-    recipe = recipe_for(tmp_path, tiny_target_dir, sources,
-                        data={"max_new_tokens": 48, "regenerate_with": "same_forward", "max_repeat_share": 0.15,
-                              "max_length": 96},
-                        train={"max_steps": 2, "save_every": 2, "eval_every": 2})
+    recipe = recipe_for(
+        tmp_path,
+        tiny_target_dir,
+        sources,
+        data={"max_new_tokens": 48, "regenerate_with": "same_forward", "max_repeat_share": 0.15, "max_length": 96},
+        train={"max_steps": 2, "save_every": 2, "eval_every": 2},
+    )
     train(recipe)
     metrics = json.loads((tmp_path / "work" / "draft" / "training_metrics.json").read_text())
     loops = metrics["data"]["generation"]["loops"]

@@ -101,9 +101,8 @@ def test_lk_losses_in_ttt_match_a_naive_position_by_position_reference(name):
     torch.testing.assert_close(out.loss, torch.tensor(sum(0.8**k * v for k, v in enumerate(ref))), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.step_alpha, torch.tensor(alpha_sum), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.chain_alpha, torch.tensor(chain_sum), rtol=1e-4, atol=1e-5)
-    assert 0 < min(alpha_sum) and chain_sum[-1] < chain_sum[0]
-    m = acceptance_metrics(out.step_correct, out.step_count, out.chain_correct, out.chain_count, out.step_alpha,
-                           out.chain_alpha)
+    assert min(alpha_sum) > 0 and chain_sum[-1] < chain_sum[0]
+    m = acceptance_metrics(out.step_correct, out.step_count, out.chain_correct, out.chain_count, out.step_alpha, out.chain_alpha)
     n = out.step_count.tolist()
     assert m["step_expected_acceptance"] == pytest.approx([a / c for a, c in zip(alpha_sum, n)], rel=1e-4)
     assert m["expected_acceptance_length_sampled"] == pytest.approx(1 + sum(c / n[0] for c in chain_sum), rel=1e-4)
@@ -142,9 +141,13 @@ def test_lk_hybrid_weight_is_not_differentiated():
 def test_parse_loss_accepts_names_and_mixes_and_refuses_the_rest():
     assert parse_loss("lk_log") == {"lk_log": 1.0}
     assert parse_loss({"kl": 0.5, "lk_log": 0.5}) == {"kl": 0.5, "lk_log": 0.5}
-    for bad, message in [("ce", "unknown loss 'ce'; choose from kl, lk, lk_log, lk_hybrid"),
-                         ({"kl": -1}, "non-negative numbers"), ({"kl": 0}, "not all zero"), (3, "must name a loss"),
-                         ({}, "must name a loss")]:
+    for bad, message in [
+        ("ce", "unknown loss 'ce'; choose from kl, lk, lk_log, lk_hybrid"),
+        ({"kl": -1}, "non-negative numbers"),
+        ({"kl": 0}, "not all zero"),
+        (3, "must name a loss"),
+        ({}, "must name a loss"),
+    ]:
         with pytest.raises(ValueError, match=re.escape(message)):
             parse_loss(bad)
 
@@ -173,8 +176,13 @@ def test_the_recipe_selects_the_loss_and_refuses_an_unknown_one(tmp_path, tiny_t
 def test_draft_keys_of_the_recipe_reach_the_new_drafts_config(tmp_path, tiny_target_dir, data_dir, capsys):
     """`draft: {fc_norm: true}` (EAGLE 3.1: an RMSNorm over each target feature before fc) and any other
     Eagle3Config key the target does not fix; a continued draft keeps its own architecture."""
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train={"max_steps": 3, "lr": 0.02},
-                        draft={"fc_norm": True, "rms_norm_eps": 1e-5})
+    recipe = recipe_for(
+        tmp_path,
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        train={"max_steps": 3, "lr": 0.02},
+        draft={"fc_norm": True, "rms_norm_eps": 1e-5},
+    )
     out = train(recipe)
     config = json.loads((out / "config.json").read_text())
     assert config["fc_norm"] is True and config["rms_norm_eps"] == 1e-5
@@ -182,16 +190,25 @@ def test_draft_keys_of_the_recipe_reach_the_new_drafts_config(tmp_path, tiny_tar
     assert {"fc_norm.0.weight", "fc_norm.1.weight", "fc_norm.2.weight"} <= set(weights)
     assert not torch.equal(weights["fc_norm.0.weight"].float(), torch.ones(weights["fc_norm.0.weight"].shape))  # trained
 
-    with pytest.raises(KeyError, match=r"Unknown recipe key `draft.fc_nrm` \(did you mean `draft.fc_norm`\?\)\. Known keys: "
-                                       r".*draft.fc_norm"):
+    with pytest.raises(
+        KeyError,
+        match=r"Unknown recipe key `draft.fc_nrm` \(did you mean `draft.fc_norm`\?\)\. Known keys: "
+        r".*draft.fc_norm",
+    ):
         load_recipe(None, {"draft": {"fc_nrm": True}})
     with pytest.raises(KeyError, match=r"Unknown recipe key `draft.hidden_size`"):  # the target's, not the recipe's
         load_recipe(None, {"draft": {"hidden_size": 32}})
-    later = recipe_for(tmp_path / "later", tiny_target_dir, [data_dir / "sharegpt.jsonl"], train={"max_steps": 1},
-                       draft={"init_from": str(out), "draft_vocab_size": None, "fc_norm": False})
+    later = recipe_for(
+        tmp_path / "later",
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        train={"max_steps": 1},
+        draft={"init_from": str(out), "draft_vocab_size": None, "fc_norm": False},
+    )
     assert run_cli(write_recipe(tmp_path / "later.yaml", later)) == 2
-    assert re.search(r"error: draft.fc_norm=False changes the architecture of draft.init_from \(.* has True\)",
-                     capsys.readouterr().err)
+    assert re.search(
+        r"error: draft.fc_norm=False changes the architecture of draft.init_from \(.* has True\)", capsys.readouterr().err
+    )
 
 
 def test_acceptance_at_another_temperature_matches_the_position_by_position_reference():
@@ -204,8 +221,16 @@ def test_acceptance_at_another_temperature_matches_the_position_by_position_refe
     torch.testing.assert_close(out.chain_alpha_at[0], torch.tensor(chain_07), rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(out.chain_alpha_at[1], out.chain_alpha, rtol=1e-5, atol=1e-6)
     assert chain_07 != pytest.approx(chain_1)
-    m = acceptance_metrics(out.step_correct, out.step_count, out.chain_correct, out.chain_count, out.step_alpha,
-                           out.chain_alpha, out.chain_alpha_at, (0.7, 1.0))
+    m = acceptance_metrics(
+        out.step_correct,
+        out.step_count,
+        out.chain_correct,
+        out.chain_count,
+        out.step_alpha,
+        out.chain_alpha,
+        out.chain_alpha_at,
+        (0.7, 1.0),
+    )
     n0 = out.step_count[0].item()
     assert m["expected_acceptance_length_at"]["0.7"] == pytest.approx(1 + sum(c / n0 for c in chain_07), rel=1e-4)
     assert m["expected_acceptance_length_at"]["1"] == pytest.approx(m["expected_acceptance_length_sampled"], rel=1e-5)

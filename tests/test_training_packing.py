@@ -46,9 +46,14 @@ def loss_and_grads(draft, features, batch):
 
 
 # a draft with a window shorter than the samples: the window counts from each sample's own restarting positions
-LAYERS = {"one-layer": {}, "two-layers-one-sliding": {"num_hidden_layers": 2,
-                                                      "layer_types": ["sliding_attention", "full_attention"],
-                                                      "sliding_window": 4}}
+LAYERS = {
+    "one-layer": {},
+    "two-layers-one-sliding": {
+        "num_hidden_layers": 2,
+        "layer_types": ["sliding_attention", "full_attention"],
+        "sliding_window": 4,
+    },
+}
 
 
 @pytest.mark.parametrize("layers", sorted(LAYERS))
@@ -65,8 +70,11 @@ def test_a_packed_batch_has_the_losses_metrics_and_gradients_of_its_samples_unpa
             if name != "embed_tokens.weight" and p.dim() == 2:
                 p.normal_(0, 0.3)
     batch = samples([9, 14, 6, 11, 7, 5])
-    recipe = {"features": {"mode": mode, "cache_dir": str(tmp_path / "features"), "reuse_from": []},
-              "work_dir": str(tmp_path), "train": {"batch_size": 4}}
+    recipe = {
+        "features": {"mode": mode, "cache_dir": str(tmp_path / "features"), "reuse_from": []},
+        "work_dir": str(tmp_path),
+        "train": {"batch_size": 4},
+    }
     features = TrainingFeatures(recipe, target, [0, 1, 3], [Dataset.from_list(batch)], 0, Accelerator(cpu=True))
     packed = collate_packed(batch, pad_id=0, capacity=20)
     assert packed["input_ids"].shape[0] < len(batch) and packed["document_ids"].max() >= 2  # really packed
@@ -99,8 +107,9 @@ def test_packed_rows_hold_at_most_the_budget_and_every_sample_once():
 
 def test_a_packed_run_trains_and_reports_its_tokens_per_second(tmp_path, tiny_target_dir, data_dir, monkeypatch):
     monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "cache"))  # the peak measured here, not in the user's cache
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
-                        train={"packing": True, "pack_tokens": 160, "batch_size": 2})
+    recipe = recipe_for(
+        tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train={"packing": True, "pack_tokens": 160, "batch_size": 2}
+    )
     out = train(recipe)
     m = json.loads((out / "training_metrics.json").read_text())
     tp = m["throughput"]
@@ -116,14 +125,26 @@ def test_a_packed_run_trains_and_reports_its_tokens_per_second(tmp_path, tiny_ta
     assert all(0 <= p["step1_accuracy"] <= 1 and p["greedy"] >= 1 and p["T=0.7"] >= 1 and p["T=1"] >= 1 for p in points)
 
 
-def test_a_packed_run_resumed_from_a_checkpoint_ends_where_the_uninterrupted_run_ends(tmp_path, tiny_target_dir, data_dir,
-                                                                                     monkeypatch):
+def test_a_packed_run_resumed_from_a_checkpoint_ends_where_the_uninterrupted_run_ends(
+    tmp_path, tiny_target_dir, data_dir, monkeypatch
+):
     """Packed epochs of a few batches: the resumed run rebuilds the epoch's packing from the seed, skips its first
     batches, and crosses into the next epoch as the uninterrupted run did."""
     monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "cache"))
-    recipe = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"],
-                        train={"packing": True, "pack_tokens": 400, "batch_size": 2, "max_steps": 9,
-                               "save_every": 4, "eval_every": 100, "keep_checkpoints": 5})
+    recipe = recipe_for(
+        tmp_path,
+        tiny_target_dir,
+        [data_dir / "sharegpt.jsonl"],
+        train={
+            "packing": True,
+            "pack_tokens": 400,
+            "batch_size": 2,
+            "max_steps": 9,
+            "save_every": 4,
+            "eval_every": 100,
+            "keep_checkpoints": 5,
+        },
+    )
     out = train(recipe)
     ckpts = Path(recipe["work_dir"]) / "checkpoints"
     want = load_file(ckpts / "step-9" / "model.safetensors")
@@ -140,7 +161,10 @@ def test_a_packed_run_resumed_from_a_checkpoint_ends_where_the_uninterrupted_run
     again = json.loads((out / "training_metrics.json").read_text())
     assert again["eval_history"] == first["eval_history"]
     # step 4 was in the middle of an epoch (the resumed run skipped its first batches) and 9 in a later one
-    assert state["batches_in_epoch"] > 0 and json.loads((ckpts / "step-9" / "trainer_state.json").read_text())["epoch"] > state["epoch"]
+    assert (
+        state["batches_in_epoch"] > 0
+        and json.loads((ckpts / "step-9" / "trainer_state.json").read_text())["epoch"] > state["epoch"]
+    )
 
 
 def test_the_matmul_peak_is_cached_and_only_ever_raised(tmp_path, monkeypatch):

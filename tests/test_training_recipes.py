@@ -56,8 +56,10 @@ def test_stages_given_as_changes_continue_the_draft_before_them(tmp_path, tiny_t
     chain = load_stages(load_recipe(config))
     second = chain[1]
     assert second["work_dir"] == first["work_dir"] + "-stage2" and second["draft"]["init_from"] == first["output_dir"]
-    assert second["data"]["sources"] == [{"path": str(data_dir / "sharegpt.jsonl"), "eval": False},
-                                         str(data_dir / "ultrachat.parquet")]
+    assert second["data"]["sources"] == [
+        {"path": str(data_dir / "sharegpt.jsonl"), "eval": False},
+        str(data_dir / "ultrachat.parquet"),
+    ]
     assert second["train"]["max_steps"] == 3 and second["train"]["eval_every"] == 2  # the rest carried over
     assert run_cli(config, "--train.lr", "0.002") == 0  # an override reaches every stage
     assert "[stages] stage 2/2: " in capsys.readouterr().out
@@ -70,8 +72,7 @@ def test_stages_given_as_changes_continue_the_draft_before_them(tmp_path, tiny_t
         load_stages(load_recipe(config, {"stages": [{"train": {"learning_rate": 1}}]}))
 
 
-def test_from_stage_continues_the_draft_the_stage_before_wrote_and_nothing_else(tmp_path, tiny_target_dir, data_dir,
-                                                                                capsys):
+def test_from_stage_continues_the_draft_the_stage_before_wrote_and_nothing_else(tmp_path, tiny_target_dir, data_dir, capsys):
     short = {"max_steps": 2, "eval_every": 2, "save_every": 2}
     first = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train=short)
     first["stages"] = [{"data": {"add_sources": [str(data_dir / "ultrachat.parquet")]}, "train": {"max_steps": 3}}]
@@ -96,7 +97,9 @@ def test_recipe_values_are_yaml_1_2_so_no_is_a_string_and_exponents_are_numbers(
     from eagle3_hub.training.recipe import parse_overrides
 
     assert parse_overrides(["--train.mixed_precision", "no", "--train.lr", "3e-4", "--data.regenerate", "false"]) == {
-        "train": {"mixed_precision": "no", "lr": 3e-4}, "data": {"regenerate": False}}
+        "train": {"mixed_precision": "no", "lr": 3e-4},
+        "data": {"regenerate": False},
+    }
     recipe = load_recipe(None, {"train": {"mixed_precision": "no"}})
     assert recipe["train"]["mixed_precision"] == "no"
 

@@ -9,6 +9,7 @@ draft accepts little, but every token it does not propose is the target's own, s
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -51,7 +52,7 @@ def test_tree_decoding_writes_the_conversations_plain_generate_writes(tmp_path, 
     plain_report = json.loads((tmp_path / "plain" / GENERATION_REPORT).read_text())
     assert {c[0]["decoder"] for c in plain_report["calls"].values()} == {"generate"} and plain_report["draft"] is None
     # every cached answer names its decoder; a rerun from the caches generates nothing and records no call
-    lines = [json.loads(line) for p in (tmp_path / "tree").glob("regen-*.jsonl") for line in open(p)]
+    lines = [json.loads(line) for p in (tmp_path / "tree").glob("regen-*.jsonl") for line in Path(p).read_text().splitlines()]
     assert {rec["by"] for rec in lines} == {"tree"}
     again = build_conversations(sources, work_dir=tmp_path / "tree", regenerate_with="tree", regenerate_draft=draft, **kw)
     assert list(again["messages"]) == list(plain["messages"])
@@ -70,7 +71,7 @@ def test_same_forward_writes_the_conversations_plain_generate_writes(tmp_path, t
     (regen,) = [c for name, c in report["calls"].items() if name.startswith("regen-")]
     assert regen[0]["decoder"] == "same_forward" and regen[0]["new_tokens"] > 0
     assert report["calls"]["synth-seed0.jsonl"][0]["decoder"] == "generate"  # sampled: a seed keeps its prompts
-    lines = [json.loads(line) for p in (tmp_path / "lean").glob("regen-*.jsonl") for line in open(p)]
+    lines = [json.loads(line) for p in (tmp_path / "lean").glob("regen-*.jsonl") for line in Path(p).read_text().splitlines()]
     assert {rec["by"] for rec in lines} == {"same_forward"}
 
 
@@ -78,17 +79,21 @@ def test_prompt_synthesis_through_tree_decoding(tmp_path, tiny_pair):
     target, tok, draft = tiny_pair
     kw = dict(max_new_tokens=10, batch_size=2, openers=["Write a poem", "Solve the puzzle"])
     # greedy: the prompts plain generate writes
-    greedy = [synthesize_prompts(target, tok, 2, tmp_path / f"{name}.jsonl", temperature=0.0, draft=d, **kw)
-              for name, d in (("greedy-plain", None), ("greedy-tree", draft))]
+    greedy = [
+        synthesize_prompts(target, tok, 2, tmp_path / f"{name}.jsonl", temperature=0.0, draft=d, **kw)
+        for name, d in (("greedy-plain", None), ("greedy-tree", draft))
+    ]
     assert list(greedy[0]["messages"]) == list(greedy[1]["messages"])
     # sampled: lossless tree sampling, seeded: the same seed writes the same prompts again
     report: dict = {}
-    sampled = [synthesize_prompts(target, tok, 4, tmp_path / f"sampled-{run}.jsonl", seed=3, draft=draft,
-                                  report=report, **kw) for run in (0, 1)]
+    sampled = [
+        synthesize_prompts(target, tok, 4, tmp_path / f"sampled-{run}.jsonl", seed=3, draft=draft, report=report, **kw)
+        for run in (0, 1)
+    ]
     assert list(sampled[0]["messages"]) == list(sampled[1]["messages"])
     assert len({ex["messages"][0]["content"] for ex in sampled[0]}) == 4
     assert report["decoder"] == "tree" and report["samples"] >= 4 and report["new_tokens"] > 0
-    assert {json.loads(line)["by"] for line in open(tmp_path / "sampled-0.jsonl")} == {"tree"}
+    assert {json.loads(line)["by"] for line in Path(tmp_path / "sampled-0.jsonl").read_text().splitlines()} == {"tree"}
 
 
 def test_regenerate_takes_a_loaded_draft_and_reports_its_speed(tmp_path, tiny_pair, data_dir):
@@ -100,8 +105,10 @@ def test_regenerate_takes_a_loaded_draft_and_reports_its_speed(tmp_path, tiny_pa
     runs = {}
     for name, d in (("plain", None), ("tree", loaded)):
         report: dict = {}
-        runs[name] = (regenerate(ds, target, tok, tmp_path / f"{name}.jsonl", max_new_tokens=24, batch_size=3,
-                                 draft=d, report=report), report)
+        runs[name] = (
+            regenerate(ds, target, tok, tmp_path / f"{name}.jsonl", max_new_tokens=24, batch_size=3, draft=d, report=report),
+            report,
+        )
     assert list(runs["tree"][0]["messages"]) == list(runs["plain"][0]["messages"])
     assert runs["plain"][1]["decoder"] == "generate" and runs["tree"][1]["decoder"] == "tree"
     plain, tree = runs["plain"][1], runs["tree"][1]
@@ -138,8 +145,18 @@ def test_a_draft_that_does_not_fit_the_target_is_refused(tmp_path, tiny_pair):
     other = Eagle3DraftModel.from_target(make_tiny_target("llama"), draft_vocab_size=64)  # another vocabulary
     other.save_pretrained(tmp_path / "other")
     with pytest.raises(ValueError, match=r"regeneration draft .* \(data.regenerate_draft\): This draft does not fit"):
-        build_conversations([], target, tok, tmp_path / "w", synthesize=1, max_new_tokens=4, batch_size=1,
-                            synthesize_batch_size=1, regenerate_with="tree", regenerate_draft=str(tmp_path / "other"))
+        build_conversations(
+            [],
+            target,
+            tok,
+            tmp_path / "w",
+            synthesize=1,
+            max_new_tokens=4,
+            batch_size=1,
+            synthesize_batch_size=1,
+            regenerate_with="tree",
+            regenerate_draft=str(tmp_path / "other"),
+        )
 
 
 def test_the_recipe_keys_and_their_defaults():
@@ -156,8 +173,7 @@ def test_data_that_needed_no_generation_names_no_decoder(tmp_path, tiny_pair, da
     assert len(ds) == 4 and not (tmp_path / "kept" / GENERATION_REPORT).exists()
 
 
-def test_auto_on_a_cpu_answers_through_the_same_forward_and_samples_prompts_with_generate(tmp_path, tiny_pair,
-                                                                                           data_dir):
+def test_auto_on_a_cpu_answers_through_the_same_forward_and_samples_prompts_with_generate(tmp_path, tiny_pair, data_dir):
     target, tok, draft = tiny_pair
     sources = [str(data_dir / "prompts.json")]
     kw = dict(target=target, tokenizer=tok, synthesize=3, max_new_tokens=12, batch_size=4)
@@ -177,16 +193,18 @@ def test_sampled_answers_mix_settings_by_share_and_resume_to_the_same_data(tmp_p
     target, tok, _ = tiny_pair
     sources = [str(data_dir / "prompts.json"), {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4}]
     sampling = [{"temperature": 0}, {"temperature": 1.0, "top_p": 0.9, "share": 2}]
-    kw = dict(target=target, tokenizer=tok, max_new_tokens=10, batch_size=2, regenerate_with="same_forward",
-              answer_sampling=sampling)
+    kw = dict(
+        target=target, tokenizer=tok, max_new_tokens=10, batch_size=2, regenerate_with="same_forward", answer_sampling=sampling
+    )
     whole = build_conversations(sources, work_dir=tmp_path / "whole", **kw)
     (cache,) = (tmp_path / "whole").glob("regen-*.jsonl")
-    recs = [json.loads(line) for line in open(cache)]
+    recs = [json.loads(line) for line in Path(cache).read_text().splitlines()]
     tags = [r["sampling"] for r in recs]
     assert set(tags) == {"greedy", "T=1,top_p=0.9"} and {r["by"] for r in recs} == {"same_forward"}
     # a sample's setting follows its prompt (its text and the seed), not its place in the data or a batch
     from eagle3_hub.training.generation import answer_settings, assign_setting
     from eagle3_hub.training.sources import prompt_key
+
     settings = answer_settings(sampling)
     assert all(settings[assign_setting(settings, prompt_key(r["messages"]), 0)].tag == r["sampling"] for r in recs)
     # kill after the first batch: keep its lines only, then rerun
@@ -196,15 +214,21 @@ def test_sampled_answers_mix_settings_by_share_and_resume_to_the_same_data(tmp_p
     resumed = build_conversations(sources, work_dir=tmp_path / "resumed", **kw)
     assert list(resumed["messages"]) == list(whole["messages"])
     # greedy answers are plain greedy's; the sampled ones are not all the same as greedy's
-    greedy = build_conversations(sources, work_dir=tmp_path / "greedy", target=target, tokenizer=tok,
-                                 max_new_tokens=10, batch_size=2, regenerate_with="same_forward")
+    greedy = build_conversations(
+        sources,
+        work_dir=tmp_path / "greedy",
+        target=target,
+        tokenizer=tok,
+        max_new_tokens=10,
+        batch_size=2,
+        regenerate_with="same_forward",
+    )
     greedy_by_prompt = {json.dumps(ex["messages"][0]): ex["messages"] for ex in greedy}
     for r in recs:
         same = greedy_by_prompt[json.dumps(r["messages"][0])] == r["messages"]
         if r["sampling"] == "greedy":
             assert same
-    assert not all(greedy_by_prompt[json.dumps(r["messages"][0])] == r["messages"] for r in recs
-                   if r["sampling"] != "greedy")
+    assert not all(greedy_by_prompt[json.dumps(r["messages"][0])] == r["messages"] for r in recs if r["sampling"] != "greedy")
 
 
 def test_sampled_answers_of_kept_prompts_stay_beside_their_greedy_answers(tmp_path, tiny_pair, data_dir):
@@ -213,23 +237,31 @@ def test_sampled_answers_of_kept_prompts_stay_beside_their_greedy_answers(tmp_pa
     again = {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4, "regenerate": True}
     kw = dict(target=target, tokenizer=tok, max_new_tokens=10, batch_size=4, regenerate_with="same_forward")
     greedy_only = build_conversations([kept, again], work_dir=tmp_path / "g", **kw)
-    sampled = build_conversations([kept, again], work_dir=tmp_path / "s",
-                                  answer_sampling=[{"temperature": 1.0, "top_p": 0.9}], **kw)
+    sampled = build_conversations(
+        [kept, again], work_dir=tmp_path / "s", answer_sampling=[{"temperature": 1.0, "top_p": 0.9}], **kw
+    )
     assert len(greedy_only) == 4  # one answer per prompt, as before
     assert len(sampled) == 8  # the kept answers and the sampled ones
 
 
-@pytest.mark.parametrize("bad, says", [
-    ({"temperature": -1}, r"data.answer_sampling\[0\].temperature must be a non-negative number \(default 0.0\), got -1"),
-    ({"temperature": 1, "top_p": 0}, r"data.answer_sampling\[0\].top_p must be a number in \(0, 1\] \(default 1.0\), got 0"),
-    ({"temperature": "hot"}, "temperature must be a non-negative number"),
-    ({"temperature": float("inf")}, "temperature must be a non-negative number .*got Infinity"),
-    ({"share": float("nan")}, "share must be a positive number .*got NaN"),
-    ({"temp": 1}, r"data.answer_sampling\[0\] has no key `temp` \(did you mean `temperature`\?\): its keys are "
-                  "temperature, top_p, share"),
-])
+@pytest.mark.parametrize(
+    "bad, says",
+    [
+        ({"temperature": -1}, r"data.answer_sampling\[0\].temperature must be a non-negative number \(default 0.0\), got -1"),
+        ({"temperature": 1, "top_p": 0}, r"data.answer_sampling\[0\].top_p must be a number in \(0, 1\] \(default 1.0\), got 0"),
+        ({"temperature": "hot"}, "temperature must be a non-negative number"),
+        ({"temperature": float("inf")}, "temperature must be a non-negative number .*got Infinity"),
+        ({"share": float("nan")}, "share must be a positive number .*got NaN"),
+        (
+            {"temp": 1},
+            r"data.answer_sampling\[0\] has no key `temp` \(did you mean `temperature`\?\): its keys are "
+            "temperature, top_p, share",
+        ),
+    ],
+)
 def test_bad_answer_sampling_is_named(bad, says):
     from eagle3_hub.training.generation import answer_settings
     from eagle3_hub.training.sources import DataError
+
     with pytest.raises(DataError, match=says):
         answer_settings([bad])

@@ -94,11 +94,10 @@ def test_greedy_batch_with_lookup_and_eos_while_the_tree_changes(monkeypatch):
     ids, mask = left_padded(prompts)
     L = ids.shape[1]
     handed = force_shapes(monkeypatch, seed=1, sequence=(0, "max", 0, 0, 1, "max", 3, 2))
-    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=70, eos_token_id=eos, lookup_tokens=6,
-                   **ADAPTIVE_TREE)
+    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=70, eos_token_id=eos, lookup_tokens=6, **ADAPTIVE_TREE)
     lengths = []
     for i, p in enumerate(prompts):
-        alone = plain_greedy(target, p[None], 70, eos=eos)[0, len(p):]
+        alone = plain_greedy(target, p[None], 70, eos=eos)[0, len(p) :]
         assert torch.equal(out.sequences[i, L : L + len(alone)], alone), f"row {i}"
         lengths.append(len(alone))
     assert len(set(lengths)) > 1 and sum(lengths) == out.stats.new_tokens
@@ -117,7 +116,7 @@ def test_greedy_equals_plain_after_long_runs_without_a_tree(batch, monkeypatch):
     handed = force_shapes(monkeypatch, sequence=(0,) * (CATCH_UP_TOKENS + 5) + ("max", 1, "max"))
     out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=60, eos_token_id=[], **ADAPTIVE_TREE)
     for i, p in enumerate(prompts):
-        assert torch.equal(out.sequences[i, ids.shape[1]:], plain_greedy(target, p[None], 60)[0, len(p):]), f"row {i}"
+        assert torch.equal(out.sequences[i, ids.shape[1] :], plain_greedy(target, p[None], 60)[0, len(p) :]), f"row {i}"
     assert sum(s.depth == 0 for s in handed) > 2 * CATCH_UP_TOKENS and out.stats.target_forwards < 60
 
 
@@ -125,16 +124,28 @@ def _drafter_and_queue(rows: int):
     """A started drafter of a tiny target, ``queue(positions)`` (the same positions in every row, random features
     and tokens) and the features' width."""
     target = make_tiny_target("llama")
-    config = TreeConfig(depth=2, tree_top_k=2, total_tokens=3, lookup_tokens=0, min_node_prob=0.0,
-                        grow_min_prob=0.0, draft_graph=False, adaptive=False)
+    config = TreeConfig(
+        depth=2,
+        tree_top_k=2,
+        total_tokens=3,
+        lookup_tokens=0,
+        min_node_prob=0.0,
+        grow_min_prob=0.0,
+        draft_graph=False,
+        adaptive=False,
+    )
     drafter = Drafter(random_draft(target), target, config, TreeDecodingStats())
     drafter.start(rows, 128)
     F = 3 * target.config.hidden_size
 
     def queue(pos):
         n = len(pos)
-        drafter.queue(torch.randn(rows, n, F), torch.randint(3, 200, (rows, n)), torch.tensor([pos] * rows),
-                      torch.ones(rows, n, dtype=torch.bool))
+        drafter.queue(
+            torch.randn(rows, n, F),
+            torch.randint(3, 200, (rows, n)),
+            torch.tensor([pos] * rows),
+            torch.ones(rows, n, dtype=torch.bool),
+        )
 
     return drafter, queue, F
 
@@ -184,8 +195,16 @@ def test_a_step_without_a_tree_chooses_its_token_without_a_walk(monkeypatch):
     target = make_tiny_target("llama")
     draft = copy_draft(target)
     handed = force_shapes(monkeypatch, sequence=(0, "max", 0, 0, 1))
-    out = generate(target, draft, prompt(seed=2), max_new_tokens=40, do_sample=True, eos_token_id=[],
-                   generator=torch.Generator().manual_seed(0), **ADAPTIVE_TREE)
+    out = generate(
+        target,
+        draft,
+        prompt(seed=2),
+        max_new_tokens=40,
+        do_sample=True,
+        eos_token_id=[],
+        generator=torch.Generator().manual_seed(0),
+        **ADAPTIVE_TREE,
+    )
     assert out.stats.new_tokens == 40
     assert 0 < len(walks) == sum(s.depth >= 1 for s in handed) < len(handed)
 
@@ -252,9 +271,23 @@ def test_sampling_keeps_the_target_distribution_with_the_controller(forced, monk
     if forced:
         handed = force_shapes(monkeypatch, sequence=("max", 0, 1))
     n = 8000
-    out = generate(target, draft, ids.expand(n, -1), max_new_tokens=5, do_sample=True, eos_token_id=[],
-                   generator=torch.Generator().manual_seed(0), temperature=0.7, top_k=6, top_p=0.9,
-                   depth=3, tree_top_k=4, total_tokens=12, min_node_prob=0.0, adaptive=True)
+    out = generate(
+        target,
+        draft,
+        ids.expand(n, -1),
+        max_new_tokens=5,
+        do_sample=True,
+        eos_token_id=[],
+        generator=torch.Generator().manual_seed(0),
+        temperature=0.7,
+        top_k=6,
+        top_p=0.9,
+        depth=3,
+        tree_top_k=4,
+        total_tokens=12,
+        min_node_prob=0.0,
+        adaptive=True,
+    )
     if forced:
         assert handed[0].depth == 3 and len(set(handed[0].row_depth)) == 2  # rows capped at 2 or 3 levels
     x = out.sequences[:, ids.shape[1] : ids.shape[1] + 3]
@@ -310,13 +343,26 @@ def test_the_controller_and_costs_travel_with_custom_generate():
 def synthetic(verify, draft_read=0.0, draft_level=0.0, top_k=4):
     """A cost table from ``verify(rows, slots)`` seconds at the measured grid."""
     rows, slots = (1, 2, 4, 8), (1, 2, 4, 8, 16, 32)
-    return StepCosts(key="synthetic", top_k=top_k, device="test",
-                     verify={r: {s: verify(r, s) for s in slots} for r in rows},
-                     draft_read={r: draft_read * r for r in rows}, draft_level={r: draft_level * r for r in rows})
+    return StepCosts(
+        key="synthetic",
+        top_k=top_k,
+        device="test",
+        verify={r: {s: verify(r, s) for s in slots} for r in rows},
+        draft_read={r: draft_read * r for r in rows},
+        draft_level={r: draft_level * r for r in rows},
+    )
 
 
-CONFIG = TreeConfig(depth=4, tree_top_k=4, total_tokens=12, lookup_tokens=0, min_node_prob=0.0, grow_min_prob=0.0,
-                    draft_graph=False, adaptive=True)
+CONFIG = TreeConfig(
+    depth=4,
+    tree_top_k=4,
+    total_tokens=12,
+    lookup_tokens=0,
+    min_node_prob=0.0,
+    grow_min_prob=0.0,
+    draft_graph=False,
+    adaptive=True,
+)
 
 
 def settle(controller, rows, accepted_of, steps=30):
@@ -353,8 +399,7 @@ def test_low_acceptance_chooses_a_shallow_tree_or_none():
 
 
 def test_a_rejecting_row_gets_a_shallower_tree_than_an_accepting_row():
-    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 + 1e-5 * r * s, draft_read=1e-4, draft_level=1e-4),
-                       rows=3)
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 + 1e-5 * r * s, draft_read=1e-4, draft_level=1e-4), rows=3)
     settle(c, [0, 1, 2], lambda r: (4, 0, 3)[r])
     shape = c.choose([0, 1, 2])
     assert shape.depth == 4
@@ -365,8 +410,7 @@ def test_a_rejecting_row_gets_a_shallower_tree_than_an_accepting_row():
 
 def test_finished_rows_weigh_nothing():
     """The accepting rows finished: the choice is the remaining (rejecting) rows' alone."""
-    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 * r * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3),
-                       rows=4)
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 * r * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3), rows=4)
     settle(c, [0, 1, 2, 3], lambda r: 4 if r < 2 else 0)
     assert c.choose([0, 1, 2, 3]).depth >= 1
     assert c.choose([2, 3]).depth == 0
@@ -390,8 +434,7 @@ def test_the_batch_is_done_when_its_slowest_row_is():
 
 
 def test_steps_without_a_tree_relax_the_estimates_so_a_tree_is_tried_again():
-    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3),
-                       rows=1)
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01 * (1 + 0.05 * s), draft_read=1e-3, draft_level=1e-3), rows=1)
     settle(c, [0], lambda r: 0)
     depths = []
     for _ in range(200):
@@ -416,8 +459,7 @@ def test_a_choice_of_no_tree_stands_and_its_steps_relax_as_one_by_one(monkeypatc
             shape = c.choose(rows, behind=behind, context=40 + i)
             weighed.append(c.weighed)
             assert shape.depth == 0
-            c.observe(rows, shape, [0] * 4, 1.3 * c.step_seconds(4, 0, context=40 + i), behind=behind,
-                      context=40 + i)
+            c.observe(rows, shape, [0] * 4, 1.3 * c.step_seconds(4, 0, context=40 + i), behind=behind, context=40 + i)
             behind = True
         return c, weighed
 
@@ -483,8 +525,16 @@ def test_the_lookup_branch_rides_only_where_it_pays():
     """Its slots are verified for every row: nearly free at batch 1 on a flat verification, dear on a batch whose
     verification grows with its tokens. A branch that adds many tokens beyond the tree pays even there; one that
     adds none is left out, and only rows that proposed a branch count."""
-    config = TreeConfig(depth=3, tree_top_k=4, total_tokens=6, lookup_tokens=20, min_node_prob=0.0,
-                        grow_min_prob=0.0, draft_graph=False, adaptive=True)
+    config = TreeConfig(
+        depth=3,
+        tree_top_k=4,
+        total_tokens=6,
+        lookup_tokens=20,
+        min_node_prob=0.0,
+        grow_min_prob=0.0,
+        draft_graph=False,
+        adaptive=True,
+    )
     flat = synthetic(lambda r, s: 0.03 + 1e-5 * r * s, draft_read=1e-3, draft_level=1e-3)
     steep = synthetic(lambda r, s: 0.03 + 2e-3 * r * s, draft_read=1e-3, draft_level=1e-3)
     for costs, rows, expect in ((flat, [0], 20), (steep, list(range(8)), 0)):
@@ -540,8 +590,16 @@ def test_what_the_table_leaves_out_scales_with_the_step():
     table's one-row tree, not at the 16-row step's extra seconds added to it; steps where rows finish (the caches drop
     them) are not timed."""
     costs = synthetic(lambda r, s: 0.01 + 1e-3 * r * s, draft_read=1e-4, draft_level=1e-4)
-    config = TreeConfig(depth=2, tree_top_k=4, total_tokens=4, lookup_tokens=0, min_node_prob=0.0,
-                        grow_min_prob=0.0, draft_graph=False, adaptive=True)
+    config = TreeConfig(
+        depth=2,
+        tree_top_k=4,
+        total_tokens=4,
+        lookup_tokens=0,
+        min_node_prob=0.0,
+        grow_min_prob=0.0,
+        draft_graph=False,
+        adaptive=True,
+    )
     c = TreeController(config, costs, rows=16)
     rows = list(range(16))
     for _ in range(9):  # a tree's steps at 1.5x the table, each row accepting one token in two
@@ -586,10 +644,17 @@ def test_the_modelled_time_follows_the_context():
 def test_a_lookup_step_much_dearer_than_the_table_keeps_its_own_factor():
     """A batch whose verifications with the branch run far past the table: after one such step the branch is left
     out, though the tree steps around it keep the table's times; until one is seen, it borrows the tree's."""
-    config = TreeConfig(depth=3, tree_top_k=4, total_tokens=6, lookup_tokens=20, min_node_prob=0.0,
-                        grow_min_prob=0.0, draft_graph=False, adaptive=True)
-    c = TreeController(config, synthetic(lambda r, s: 0.03 + 1e-4 * r * s, draft_read=1e-3, draft_level=1e-3),
-                       rows=8)
+    config = TreeConfig(
+        depth=3,
+        tree_top_k=4,
+        total_tokens=6,
+        lookup_tokens=20,
+        min_node_prob=0.0,
+        grow_min_prob=0.0,
+        draft_graph=False,
+        adaptive=True,
+    )
+    c = TreeController(config, synthetic(lambda r, s: 0.03 + 1e-4 * r * s, draft_read=1e-3, draft_level=1e-3), rows=8)
     rows = list(range(8))
     tree, branch = c.shape(3), StepShape(3, 4, 6, None, 20)
     for _ in range(12):  # trees accepted to depth 2, at the table's times plus a little
@@ -696,8 +761,7 @@ def test_costs_are_measured_once_cached_on_disk_and_extended(tmp_path, monkeypat
     assert set(bigger.verify) == {1, 2, 4} and set(bigger.verify[1]) == set(first.verify[1])
     # the rows measured before are kept, lowered only where the new rows' readings make the table monotone
     assert all(bigger.verify[1][s] <= first.verify[1][s] for s in first.verify[1])
-    assert bigger.verify[1] == {s: min([first.verify[1][s]] + [bigger.verify[r][s] for r in (2, 4)])
-                                for s in first.verify[1]}
+    assert bigger.verify[1] == {s: min([first.verify[1][s]] + [bigger.verify[r][s] for r in (2, 4)]) for s in first.verify[1]}
     other = step_costs(target, draft, config.replace(tree_top_k=2), rows=1, slots=3)
     assert other.key != first.key  # another tree width, another table
     assert "| rows |" in bigger.table() and "draft level" in bigger.table()
@@ -733,8 +797,7 @@ def test_a_cost_table_is_monotone_and_interpolates():
     verify = {1: {1: 1.0, 2: 0.8, 4: 2.0}, 2: {1: 0.9, 2: 2.0, 4: 3.0}}
     monotone(verify)
     assert verify == {1: {1: 0.8, 2: 0.8, 4: 2.0}, 2: {1: 0.9, 2: 2.0, 4: 3.0}}
-    table = StepCosts(key="k", top_k=2, device="test", verify=verify, draft_read={1: 1.0, 2: 1.0},
-                      draft_level={1: 0.5, 2: 1.0})
+    table = StepCosts(key="k", top_k=2, device="test", verify=verify, draft_read={1: 1.0, 2: 1.0}, draft_level={1: 0.5, 2: 1.0})
     assert table.verify_s(1, 3) == pytest.approx(1.4)
     assert table.verify_s(1, 8) == pytest.approx(4.4)  # past the grid: the last slope
     assert table.verify_s(4, 1) == pytest.approx(1.1)  # more rows: the last slope of rows
@@ -765,15 +828,30 @@ def test_bench_profile_prints_the_cost_table(tmp_path, capsys):
     copy_draft(target).save_pretrained(tmp_path / "draft")
     parser = argparse.ArgumentParser()
     bench_command.add_arguments(parser)
-    args = parser.parse_args(["--target", str(tmp_path / "target"), "--draft", str(tmp_path / "draft"), "--profile",
-                              "--batch-size", "1,2", "--dtype", "float32", "--quiet"])
+    args = parser.parse_args(
+        [
+            "--target",
+            str(tmp_path / "target"),
+            "--draft",
+            str(tmp_path / "draft"),
+            "--profile",
+            "--batch-size",
+            "1,2",
+            "--dtype",
+            "float32",
+            "--quiet",
+        ]
+    )
     assert bench_command.run(args) == 0
     printed = capsys.readouterr().out
     assert "| rows |" in printed and "| 2 |" in printed and "draft level" in printed
     assert len(list((tmp_path / "cache" / "tree-costs").glob("*.json"))) == 1
     args = parser.parse_args(["--trees", "adaptive=1;adaptive=0;depth=3,tree_top_k=8,total_tokens=6"])
-    assert bench_command.tree_grid_from_args(args) == [{"adaptive": 1}, {"adaptive": 0},
-                                                       {"depth": 3, "tree_top_k": 8, "total_tokens": 6}]
+    assert bench_command.tree_grid_from_args(args) == [
+        {"adaptive": 1},
+        {"adaptive": 0},
+        {"depth": 3, "tree_top_k": 8, "total_tokens": 6},
+    ]
 
 
 def test_fixed_shape_draft_levels_follow_the_controller(monkeypatch):

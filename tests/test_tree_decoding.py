@@ -92,8 +92,9 @@ def test_greedy_tree_shapes(tree):
     ids = prompt(n=1, seed=4)  # a one-token prompt
     ref = plain_greedy(target, ids, 60)
     depth, k, n = tree
-    out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=depth, tree_top_k=k, total_tokens=n,
-                   min_node_prob=0.0)
+    out = generate(
+        target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=depth, tree_top_k=k, total_tokens=n, min_node_prob=0.0
+    )
     assert torch.equal(out.sequences, ref)
 
 
@@ -148,7 +149,9 @@ def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
     hook = target.get_output_embeddings().register_forward_hook(lambda m, i, o: rows.append(i[0].numel() // i[0].shape[-1]))
     ids = prompt(seed=1)
     try:
-        out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=3, tree_top_k=4, total_tokens=8, min_node_prob=0.0)
+        out = generate(
+            target, draft, ids, max_new_tokens=60, eos_token_id=[], depth=3, tree_top_k=4, total_tokens=8, min_node_prob=0.0
+        )
     finally:
         hook.remove()
     assert torch.equal(out.sequences, plain_greedy(target, ids, 60))
@@ -192,7 +195,7 @@ def test_prefill_trusts_the_head_once_it_gave_the_models_logits():
         output.logits.mul_(0.5)
 
     scaled.register_forward_hook(halve_logits)
-    for run in range(2):
+    for _ in range(2):
         out = generate(scaled, copy_draft(scaled), ids, max_new_tokens=30, eos_token_id=[], **TREE)
         assert torch.equal(out.sequences, plain_greedy(scaled, ids, 30))
         assert verification._head_verdicts[scaled][1] is False
@@ -209,8 +212,13 @@ def test_packed_head_matches_the_linear_and_steps_aside_where_it_cannot():
         head = torch.nn.Linear(64, 300, bias=bias)
         fast = fast_paths.packed_head(head)
         assert fast is not None
-        for x in (torch.randn(1, 64), torch.randn(3, 64), torch.randn(13, 64), torch.randn(2, 5, 64),
-                  torch.randn(2, 7, 64)[:, ::2]):
+        for x in (
+            torch.randn(1, 64),
+            torch.randn(3, 64),
+            torch.randn(13, 64),
+            torch.randn(2, 5, 64),
+            torch.randn(2, 7, 64)[:, ::2],
+        ):
             torch.testing.assert_close(fast(x), head(x), rtol=1e-5, atol=1e-5)
     with torch.no_grad():
         head.weight.mul_(2)
@@ -286,8 +294,16 @@ def test_min_node_prob_verifies_only_the_nodes_the_draft_gives_a_chance(arch, mo
     out = generate(target, draft, bids, attention_mask=mask, max_new_tokens=40, eos_token_id=[], min_node_prob=0.1, **shape)
     for i, p in enumerate(prompts):
         assert torch.equal(out.sequences[i, 12:], plain_greedy(target, p[None], 40)[0, len(p) :]), f"row {i}"
-    sampled = generate(target, draft, ids, max_new_tokens=20, do_sample=True, min_node_prob=0.1,
-                       generator=torch.Generator().manual_seed(0), **shape)
+    sampled = generate(
+        target,
+        draft,
+        ids,
+        max_new_tokens=20,
+        do_sample=True,
+        min_node_prob=0.1,
+        generator=torch.Generator().manual_seed(0),
+        **shape,
+    )
     assert sampled.sequences.shape == (1, ids.shape[1] + 20)
 
 
@@ -365,8 +381,7 @@ def test_grow_min_prob_drafts_deep_where_the_draft_is_sure_and_stays_lossless(ar
     assert grown.stats.draft_forwards < every.stats.draft_forwards
     prompts = [prompt(n, seed=s)[0] for n, s in ((5, 3), (12, 4))]
     bids, mask = left_padded(prompts)
-    out = generate(target, draft, bids, attention_mask=mask, max_new_tokens=40, eos_token_id=[], grow_min_prob=0.3,
-                   **shape)
+    out = generate(target, draft, bids, attention_mask=mask, max_new_tokens=40, eos_token_id=[], grow_min_prob=0.3, **shape)
     for i, p in enumerate(prompts):
         assert torch.equal(out.sequences[i, 12:], plain_greedy(target, p[None], 40)[0, len(p) :]), f"row {i}"
 
@@ -426,8 +441,18 @@ def test_greedy_with_lookup_branch_equals_plain_generate(arch):
     assert torch.equal(plain_tree.sequences, ref) and torch.equal(out.sequences, ref)
     assert out.stats.lookup_accepted > 30 and out.stats.target_forwards < plain_tree.stats.target_forwards
     assert max(out.stats.accepted_per_step) > shallow["depth"] + 1  # the branch is longer than the tree is deep
-    both = generate(target, copy_draft(target), ids, max_new_tokens=300, eos_token_id=[], lookup_tokens=8,
-                    depth=3, tree_top_k=4, total_tokens=8, min_node_prob=0.0)
+    both = generate(
+        target,
+        copy_draft(target),
+        ids,
+        max_new_tokens=300,
+        eos_token_id=[],
+        lookup_tokens=8,
+        depth=3,
+        tree_top_k=4,
+        total_tokens=8,
+        min_node_prob=0.0,
+    )
     assert torch.equal(both.sequences, ref)
 
 
@@ -454,8 +479,15 @@ def test_lookup_branch_with_logits_processors(processor):
     ids = prompt(seed=6)
     kwargs = {"max_new_tokens": 64, "do_sample": False, "eos_token_id": None, "pad_token_id": 0, **processor}
     ref = target.generate(ids, **kwargs)
-    out = target.generate(ids, custom_generate=tree_generate, draft=random_draft(target), lookup_tokens=6,
-                          return_dict_in_generate=True, **TREE, **kwargs)
+    out = target.generate(
+        ids,
+        custom_generate=tree_generate,
+        draft=random_draft(target),
+        lookup_tokens=6,
+        return_dict_in_generate=True,
+        **TREE,
+        **kwargs,
+    )
     assert torch.equal(out.sequences, ref) and out.stats.lookup_accepted > 0
 
 
@@ -481,7 +513,15 @@ def test_greedy_long_generation(arch, monkeypatch):
     assert out.stats.mean_acceptance_length > 1.3
     # an untrained draft: nearly every step rejects the whole tree
     out = generate(
-        target, random_draft(target), ids, max_new_tokens=520, eos_token_id=[], depth=3, tree_top_k=3, total_tokens=8, min_node_prob=0.0
+        target,
+        random_draft(target),
+        ids,
+        max_new_tokens=520,
+        eos_token_id=[],
+        depth=3,
+        tree_top_k=3,
+        total_tokens=8,
+        min_node_prob=0.0,
     )
     assert torch.equal(out.sequences, ref)
 
@@ -491,9 +531,7 @@ def test_greedy_eos_inside_an_accepted_block():
     draft = copy_draft(target)
     ids = prompt(seed=1)
     blocks = []
-    generate(
-        target, draft, ids, max_new_tokens=80, eos_token_id=[], on_step=lambda t, d: blocks.append((t[0], d[0])), **TREE
-    )
+    generate(target, draft, ids, max_new_tokens=80, eos_token_id=[], on_step=lambda t, d: blocks.append((t[0], d[0])), **TREE)
     # a token in the middle of a block of accepted draft tokens that did not occur before: make it the EOS
     seen, eos, pos = set(), None, 0
     for tokens, from_draft in blocks:
@@ -750,9 +788,23 @@ def test_sampling_with_the_lookup_branch_keeps_the_target_distribution(copied, m
 
     monkeypatch.setattr(verification.Tree, "build", classmethod(spy))
     n = 8000
-    out = generate(target, draft, ids.expand(n, -1), max_new_tokens=3, do_sample=True, eos_token_id=[],
-                   temperature=0.7, top_p=0.9, generator=torch.Generator().manual_seed(1), depth=2, tree_top_k=3,
-                   total_tokens=6, min_node_prob=0.0, lookup_tokens=4, adaptive=False)
+    out = generate(
+        target,
+        draft,
+        ids.expand(n, -1),
+        max_new_tokens=3,
+        do_sample=True,
+        eos_token_id=[],
+        temperature=0.7,
+        top_p=0.9,
+        generator=torch.Generator().manual_seed(1),
+        depth=2,
+        tree_top_k=3,
+        total_tokens=6,
+        min_node_prob=0.0,
+        lookup_tokens=4,
+        adaptive=False,
+    )
     assert out.stats.lookup_accepted > 100  # copied tokens were accepted (not only residual draws)
     if copied == "target-path":
         assert duplicates[0] > 0.5 * n  # most copies repeat a drafted child: merged, not proposed twice
@@ -780,9 +832,21 @@ def test_sampling_computes_the_head_once_per_step_not_once_per_level(monkeypatch
     calls = []
     real = verification.Verifier.lm_head
     monkeypatch.setattr(verification.Verifier, "lm_head", lambda self, h: calls.append(h.shape) or real(self, h))
-    out = generate(target, draft, torch.tensor([[3, 7, 11, 5]]), max_new_tokens=40, do_sample=True, eos_token_id=[],
-                   temperature=0.7, top_p=0.9, generator=torch.Generator().manual_seed(0), depth=3, tree_top_k=2,
-                   total_tokens=4, min_node_prob=0.0)
+    out = generate(
+        target,
+        draft,
+        torch.tensor([[3, 7, 11, 5]]),
+        max_new_tokens=40,
+        do_sample=True,
+        eos_token_id=[],
+        temperature=0.7,
+        top_p=0.9,
+        generator=torch.Generator().manual_seed(0),
+        depth=3,
+        tree_top_k=2,
+        total_tokens=4,
+        min_node_prob=0.0,
+    )
     st = out.stats
     assert st.mean_acceptance_length > 1.2  # the walks did pass several levels
     # a level-by-level walk: the prefill, the verification's last slot, and one per level visited (accepted + 1)
@@ -996,9 +1060,7 @@ def test_stop_strings_match_plain_generate(smollm2_tokenizer):
     assert stop.strip()
     ref = plain_greedy(target, ids, 60, stop_strings=[stop], tokenizer=tokenizer)
     assert ref.shape[1] < free.shape[1]
-    out = generate(
-        target, draft, ids, max_new_tokens=60, eos_token_id=[], stop_strings=[stop], tokenizer=tokenizer, **TREE
-    )
+    out = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], stop_strings=[stop], tokenizer=tokenizer, **TREE)
     assert torch.equal(out.sequences, ref)
 
 
@@ -1007,9 +1069,7 @@ def test_on_step_and_stats_add_up():
     draft = copy_draft(target)
     ids = prompt(seed=10)
     steps = []
-    out = generate(
-        target, draft, ids, max_new_tokens=50, eos_token_id=[], on_step=lambda t, d: steps.append((t, d)), **TREE
-    )
+    out = generate(target, draft, ids, max_new_tokens=50, eos_token_id=[], on_step=lambda t, d: steps.append((t, d)), **TREE)
     st = out.stats
     assert sum(len(t[0]) for t, _ in steps) == st.new_tokens == 50
     assert steps[0][0][0] == out.sequences[0, ids.shape[1] : ids.shape[1] + 1].tolist()
@@ -1137,8 +1197,18 @@ def test_cuda_greedy_batch_and_sampling(arch):
     out = generate(target16, draft16, ids, max_new_tokens=40, eos_token_id=[], **TREE)
     assert (out.sequences == ref).float().mean() > 0.5
     gen = torch.Generator(device="cuda").manual_seed(0)
-    out = generate(target16, draft16, ids, max_new_tokens=40, eos_token_id=[], do_sample=True, temperature=0.8,
-                   top_p=0.9, generator=gen, **TREE)
+    out = generate(
+        target16,
+        draft16,
+        ids,
+        max_new_tokens=40,
+        eos_token_id=[],
+        do_sample=True,
+        temperature=0.8,
+        top_p=0.9,
+        generator=gen,
+        **TREE,
+    )
     assert out.sequences.shape == (1, ids.shape[1] + 40)
 
 
@@ -1198,7 +1268,11 @@ def test_smollm2_reference_draft_is_lossless_and_accepts(smollm2, smollm2_refere
     )
     ids = chat["input_ids"]
     ref = target.generate(
-        ids, attention_mask=torch.ones_like(ids), max_new_tokens=48, do_sample=False, eos_token_id=[],
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=48,
+        do_sample=False,
+        eos_token_id=[],
         pad_token_id=tokenizer.pad_token_id,
     )
     out = generate(target, smollm2_reference_draft, ids, max_new_tokens=48, eos_token_id=[])

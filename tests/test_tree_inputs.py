@@ -25,8 +25,7 @@ def test_max_new_tokens_none_or_negative(pair):
 
 def test_empty_batches(pair):
     target, draft = pair
-    for ids in (torch.zeros(0, 5, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long),
-                torch.zeros(0, dtype=torch.long)):
+    for ids in (torch.zeros(0, 5, dtype=torch.long), torch.zeros(1, 0, dtype=torch.long), torch.zeros(0, dtype=torch.long)):
         with pytest.raises(ValueError, match=r"batch >= 1 and prompt_len >= 1, got shape .*at least one non-empty"):
             eagle3_hub.generate(target, draft, ids, max_new_tokens=4)
 

@@ -1,6 +1,6 @@
 """The target as its own draft (``generate(..., proposer="target")``): the acceptance a perfect draft would reach
 with a tree shape and walk. Its output is the target's (greedy: plain greedy's tokens; a batch: each row's own), and
-in greedy decoding a chain of its own argmaxes is accepted whole at every step.""" 
+in greedy decoding a chain of its own argmaxes is accepted whole at every step."""
 
 from __future__ import annotations
 
@@ -22,8 +22,9 @@ def _pair(arch="llama"):
 def test_the_target_as_draft_gives_plain_greedy_and_accepts_the_whole_depth(arch):
     target, draft = _pair(arch)
     ids = torch.randint(3, 200, (1, 10), generator=torch.Generator().manual_seed(1))
-    ref = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False,
-                          eos_token_id=None, pad_token_id=0)
+    ref = target.generate(
+        ids, attention_mask=torch.ones_like(ids), max_new_tokens=40, do_sample=False, eos_token_id=None, pad_token_id=0
+    )
     depth = 3
     # a chain of the target's own argmaxes: every step accepts the whole depth and the target's token after it
     chain = dict(depth=depth, tree_top_k=1, total_tokens=depth, min_node_prob=0.0, lookup_tokens=0)
@@ -43,11 +44,16 @@ def test_the_target_as_draft_decodes_a_left_padded_batch_row_by_row():
     prompts = [torch.randint(3, 200, (n,), generator=torch.Generator().manual_seed(n)) for n in (6, 11, 8)]
     ids, mask = left_padded(prompts)
     shape = dict(depth=2, tree_top_k=3, total_tokens=6, lookup_tokens=0)
-    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], proposer="target",
-                   **shape)
+    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=20, eos_token_id=[], proposer="target", **shape)
     for r, p in enumerate(prompts):
-        ref = target.generate(p[None], attention_mask=torch.ones(1, len(p), dtype=torch.long), max_new_tokens=20,
-                              do_sample=False, eos_token_id=None, pad_token_id=0)
+        ref = target.generate(
+            p[None],
+            attention_mask=torch.ones(1, len(p), dtype=torch.long),
+            max_new_tokens=20,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+        )
         assert out.sequences[r, -20:].tolist() == ref[0, -20:].tolist()
 
 

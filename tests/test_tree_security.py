@@ -43,8 +43,11 @@ def _foreign_folder(tmp_path):
     folder, marker = tmp_path / "foreign-draft", tmp_path / "marker"
     folder.mkdir()
     (folder / "evil.py").write_text(_EVIL.format(marker=str(marker)))
-    config = {"model_type": "evil_draft", "architectures": ["EvilModel"],
-              "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"}}
+    config = {
+        "model_type": "evil_draft",
+        "architectures": ["EvilModel"],
+        "auto_map": {"AutoConfig": "evil.EvilConfig", "AutoModel": "evil.EvilModel"},
+    }
     (folder / "config.json").write_text(json.dumps(config))
     save_file({"w.weight": torch.zeros(2, 2), "w.bias": torch.zeros(2)}, str(folder / "model.safetensors"))
     return folder, marker

@@ -90,8 +90,9 @@ def test_repo_ids_are_validated_before_reaching_a_card_or_the_hub(tmp_path, bad)
     card = ModelCard.load(draft / "README.md")
     assert card.data.license == "mit" and card.data.to_dict()["eagle3_hub_repo"] == "alice/x"
     # a card whose header was edited to hold a bad repository does not carry it on
-    (draft / "README.md").write_text((draft / "README.md").read_text().replace("eagle3_hub_repo: alice/x",
-                                                                               "eagle3_hub_repo: 'a: b'"))
+    (draft / "README.md").write_text(
+        (draft / "README.md").read_text().replace("eagle3_hub_repo: alice/x", "eagle3_hub_repo: 'a: b'")
+    )
     write_model_card(draft, license="mit")
     assert "eagle3_hub_repo" not in ModelCard.load(draft / "README.md").data.to_dict()
 
@@ -102,8 +103,13 @@ def test_cli_refuses_a_bad_repo_id_in_one_line(tmp_path):
 
     draft = make_draft_folder(tmp_path / "draft")
     for args in (["card", str(draft), "--repo-id", "a b"], ["push", str(draft), "a b", "--token", "x"]):
-        done = subprocess.run([sys.executable, "-m", "eagle3_hub.cli", *args], capture_output=True, text=True,
-                              env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=120)
+        done = subprocess.run(
+            [sys.executable, "-m", "eagle3_hub.cli", *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, "HF_HUB_OFFLINE": "1"},
+            timeout=120,
+        )
         assert done.returncode == 2 and "is not a Hub repository id" in done.stderr, done.stderr
         assert "Traceback" not in done.stderr
 

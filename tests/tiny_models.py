@@ -35,8 +35,9 @@ def make_tiny_target(arch: str = "llama", seed: int = 0, dtype=torch.float32, **
     kwargs = {**_COMMON, **_EXTRA.get(arch, {}), **overrides}
     if arch == "gemma3":  # the multimodal wrapper (Gemma3ForConditionalGeneration) around a tiny text model
         text = {**_COMMON, **_EXTRA["gemma3_text"], **overrides}
-        vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                      image_size=32, patch_size=16)
+        vision = dict(
+            hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32, patch_size=16
+        )
         config = AutoConfig.for_model(arch, text_config=text, vision_config=vision, mm_tokens_per_image=4)
     else:
         config = AutoConfig.for_model(arch, **kwargs)

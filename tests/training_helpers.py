@@ -19,19 +19,34 @@ def write_jsonl(path: Path, rows: list[dict]) -> Path:
 
 def write_data_files(d: Path) -> Path:
     """Local files in the shapes of the presets and the common chat formats, in folder ``d``."""
-    write_jsonl(d / "sharegpt.jsonl", [  # ShareGPT: conversations with from/value (+ an id)
-        {"id": f"s{i}", "conversations": [{"from": "human", "value": f"What is {i} plus {i + 1}?"},
-                                          {"from": "gpt", "value": f"{i} plus {i + 1} is {2 * i + 1}."}]}
-        for i in range(40)
-    ])
-    Dataset.from_list([  # UltraChat-200k: prompt, prompt_id, messages (role/content)
-        {"prompt": f"Name a colour number {i}.", "prompt_id": str(i),
-         "messages": [{"role": "user", "content": f"Name a colour number {i}."},
-                      {"role": "assistant", "content": "Blue." if i % 2 else "Green, like grass."},
-                      {"role": "user", "content": "Another one?"},
-                      {"role": "assistant", "content": "Red."}]}
-        for i in range(12)
-    ]).to_parquet(str(d / "ultrachat.parquet"))
+    write_jsonl(
+        d / "sharegpt.jsonl",
+        [  # ShareGPT: conversations with from/value (+ an id)
+            {
+                "id": f"s{i}",
+                "conversations": [
+                    {"from": "human", "value": f"What is {i} plus {i + 1}?"},
+                    {"from": "gpt", "value": f"{i} plus {i + 1} is {2 * i + 1}."},
+                ],
+            }
+            for i in range(40)
+        ],
+    )
+    Dataset.from_list(
+        [  # UltraChat-200k: prompt, prompt_id, messages (role/content)
+            {
+                "prompt": f"Name a colour number {i}.",
+                "prompt_id": str(i),
+                "messages": [
+                    {"role": "user", "content": f"Name a colour number {i}."},
+                    {"role": "assistant", "content": "Blue." if i % 2 else "Green, like grass."},
+                    {"role": "user", "content": "Another one?"},
+                    {"role": "assistant", "content": "Red."},
+                ],
+            }
+            for i in range(12)
+        ]
+    ).to_parquet(str(d / "ultrachat.parquet"))
     (d / "prompts.json").write_text(json.dumps([{"prompt": f"Write a haiku about the number {i}."} for i in range(6)]))
     write_jsonl(d / "alpaca.jsonl", [{"instruction": "Translate to French.", "input": "cat", "output": "chat"}])
     return d
@@ -43,10 +58,23 @@ def recipe_for(tmp_path: Path, target_dir: Path, sources: list, **sections) -> d
         "target": {"name": str(target_dir), "dtype": "float32"},
         "draft": {"draft_vocab_size": 256},
         # answers written by the target: the loss trains on its own tokens (foreign answers mask nearly every position)
-        "data": {"sources": [str(s) if isinstance(s, Path) else s for s in sources], "regenerate": True, "max_new_tokens": 12,
-                 "max_length": 64, "eval_samples": 4},
-        "train": {"ttt_steps": 3, "max_steps": 6, "batch_size": 4, "warmup_steps": 2, "save_every": 3,
-                  "eval_every": 3, "log_every": 1, "num_threads": 1},
+        "data": {
+            "sources": [str(s) if isinstance(s, Path) else s for s in sources],
+            "regenerate": True,
+            "max_new_tokens": 12,
+            "max_length": 64,
+            "eval_samples": 4,
+        },
+        "train": {
+            "ttt_steps": 3,
+            "max_steps": 6,
+            "batch_size": 4,
+            "warmup_steps": 2,
+            "save_every": 3,
+            "eval_every": 3,
+            "log_every": 1,
+            "num_threads": 1,
+        },
         "work_dir": str(tmp_path / "work"),
     }
     for section, values in sections.items():

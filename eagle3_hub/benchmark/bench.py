@@ -104,15 +104,28 @@ def build_methods(
     methods: list[Method] = []
     for name in names:
         if name == "plain":
-            methods.append(Method("plain", "plain", lambda ids, mask, gc: (target.generate(ids, attention_mask=mask, generation_config=gc), None)))
+            methods.append(
+                Method(
+                    "plain",
+                    "plain",
+                    lambda ids, mask, gc: (target.generate(ids, attention_mask=mask, generation_config=gc), None),
+                )
+            )
         elif name == "same_forward":
             from ..generation.tree.same_forward import same_forward_generate
 
             def run_same_forward(ids, mask, gc):
                 return same_forward_generate(
-                    target, ids, gc.max_new_tokens, attention_mask=mask, pad_token_id=gc.pad_token_id, do_sample=gc.do_sample,
-                    temperature=gc.temperature if gc.do_sample else 1.0, top_k=(gc.top_k or 0) if gc.do_sample else 0,
-                    top_p=gc.top_p if gc.do_sample else 1.0, eos_token_id=gc.eos_token_id,
+                    target,
+                    ids,
+                    gc.max_new_tokens,
+                    attention_mask=mask,
+                    pad_token_id=gc.pad_token_id,
+                    do_sample=gc.do_sample,
+                    temperature=gc.temperature if gc.do_sample else 1.0,
+                    top_k=(gc.top_k or 0) if gc.do_sample else 0,
+                    top_p=gc.top_p if gc.do_sample else 1.0,
+                    eos_token_id=gc.eos_token_id,
                 )
 
             methods.append(Method("same_forward", "same_forward", run_same_forward))
@@ -151,13 +164,23 @@ def build_methods(
 
                 def run_tree(ids, mask, gc, params=params, tree_draft=tree_draft):
                     out = generate(
-                        target, tree_draft, ids, attention_mask=mask, max_new_tokens=gc.max_new_tokens,
-                        do_sample=gc.do_sample, temperature=gc.temperature if gc.do_sample else 1.0,
-                        top_k=(gc.top_k or 0) if gc.do_sample else 0, top_p=gc.top_p if gc.do_sample else 1.0,
-                        eos_token_id=gc.eos_token_id, tokenizer=ctx.tokenizer,
-                        depth=params.get("depth"), tree_top_k=params.get("tree_top_k"),
-                        total_tokens=params.get("total_tokens"), lookup_tokens=params.get("lookup_tokens"),
-                        min_node_prob=params.get("min_node_prob"), grow_min_prob=params.get("grow_min_prob"),
+                        target,
+                        tree_draft,
+                        ids,
+                        attention_mask=mask,
+                        max_new_tokens=gc.max_new_tokens,
+                        do_sample=gc.do_sample,
+                        temperature=gc.temperature if gc.do_sample else 1.0,
+                        top_k=(gc.top_k or 0) if gc.do_sample else 0,
+                        top_p=gc.top_p if gc.do_sample else 1.0,
+                        eos_token_id=gc.eos_token_id,
+                        tokenizer=ctx.tokenizer,
+                        depth=params.get("depth"),
+                        tree_top_k=params.get("tree_top_k"),
+                        total_tokens=params.get("total_tokens"),
+                        lookup_tokens=params.get("lookup_tokens"),
+                        min_node_prob=params.get("min_node_prob"),
+                        grow_min_prob=params.get("grow_min_prob"),
                         adaptive=None if params.get("adaptive") is None else bool(params["adaptive"]),
                     )
                     return out.sequences, out.stats
@@ -168,16 +191,26 @@ def build_methods(
 
             grid = tree_grid or [{}]
             for params in grid:
-                label = "oracle" if len(grid) == 1 else "oracle" + tree_label(params)[len("tree"):]
+                label = "oracle" if len(grid) == 1 else "oracle" + tree_label(params)[len("tree") :]
 
                 def run_oracle(ids, mask, gc, params=params):
                     out = generate(
-                        target, ctx.draft, ids, attention_mask=mask, max_new_tokens=gc.max_new_tokens,
-                        do_sample=gc.do_sample, temperature=gc.temperature if gc.do_sample else 1.0,
-                        top_k=(gc.top_k or 0) if gc.do_sample else 0, top_p=gc.top_p if gc.do_sample else 1.0,
-                        eos_token_id=gc.eos_token_id, tokenizer=ctx.tokenizer, proposer="target",
-                        **{k: params.get(k) for k in ("depth", "tree_top_k", "total_tokens", "lookup_tokens",
-                                                      "min_node_prob", "grow_min_prob")},
+                        target,
+                        ctx.draft,
+                        ids,
+                        attention_mask=mask,
+                        max_new_tokens=gc.max_new_tokens,
+                        do_sample=gc.do_sample,
+                        temperature=gc.temperature if gc.do_sample else 1.0,
+                        top_k=(gc.top_k or 0) if gc.do_sample else 0,
+                        top_p=gc.top_p if gc.do_sample else 1.0,
+                        eos_token_id=gc.eos_token_id,
+                        tokenizer=ctx.tokenizer,
+                        proposer="target",
+                        **{
+                            k: params.get(k)
+                            for k in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob")
+                        },
                     )
                     return out.sequences, out.stats
 
@@ -245,10 +278,15 @@ class TurnRunner:
             forwards, draft_t, verify_t = stats.target_forwards, stats.draft_time_s, stats.verify_time_s
             if not method.tree_params:  # record the shape it chose by default
                 tree = stats.tree
-                method.tree_params = {"depth": tree.get("depth"), "tree_top_k": tree.get("top_k"),
-                                      "total_tokens": tree.get("total_tokens"), "lookup_tokens": tree.get("lookup_tokens"),
-                                      "min_node_prob": tree.get("min_node_prob"),
-                                      "grow_min_prob": tree.get("grow_min_prob"), "adaptive": tree.get("adaptive")}
+                method.tree_params = {
+                    "depth": tree.get("depth"),
+                    "tree_top_k": tree.get("top_k"),
+                    "total_tokens": tree.get("total_tokens"),
+                    "lookup_tokens": tree.get("lookup_tokens"),
+                    "min_node_prob": tree.get("min_node_prob"),
+                    "grow_min_prob": tree.get("grow_min_prob"),
+                    "adaptive": tree.get("adaptive"),
+                }
         elif method.kind == "same_forward":  # one token per forward, no draft
             forwards, draft_t, verify_t = stats.target_forwards, 0.0, stats.verify_time_s
             accepted = [0] * forwards
@@ -264,17 +302,29 @@ class TurnRunner:
         for i, meta in enumerate(metas):
             first = i == 0
             prompt = input_ids[i][attention_mask[i].bool()].tolist()
-            records.append(TurnRecord(
-                prompt_tokens=len(prompt), new_tokens=len(rows_new[i]), time_s=elapsed / b,
-                draft_time_s=float(draft_t) / b, verify_time_s=float(verify_t) / b,
-                target_forwards=int(forwards) if first else 0,
-                accept_hist=(histogram(accepted) if first else []) if accepted is not None else None,
-                peak_memory_mb=peak, batch=batch, tree=dict(stats.tree) if method.kind in TREE_KINDS else None,
-                tree_steps=dict(stats.tree_steps) if first and method.kind in TREE_KINDS and stats.tree_steps else None,
-                output_ids=rows_new[i], prompt_ids=prompt, mode=meta["mode"],
-                method=method.name, suite=meta["suite"], question_id=meta["question_id"],
-                category=meta["category"], turn=meta["turn"],
-            ))
+            records.append(
+                TurnRecord(
+                    prompt_tokens=len(prompt),
+                    new_tokens=len(rows_new[i]),
+                    time_s=elapsed / b,
+                    draft_time_s=float(draft_t) / b,
+                    verify_time_s=float(verify_t) / b,
+                    target_forwards=int(forwards) if first else 0,
+                    accept_hist=(histogram(accepted) if first else []) if accepted is not None else None,
+                    peak_memory_mb=peak,
+                    batch=batch,
+                    tree=dict(stats.tree) if method.kind in TREE_KINDS else None,
+                    tree_steps=dict(stats.tree_steps) if first and method.kind in TREE_KINDS and stats.tree_steps else None,
+                    output_ids=rows_new[i],
+                    prompt_ids=prompt,
+                    mode=meta["mode"],
+                    method=method.name,
+                    suite=meta["suite"],
+                    question_id=meta["question_id"],
+                    category=meta["category"],
+                    turn=meta["turn"],
+                )
+            )
         return records
 
 
@@ -290,7 +340,11 @@ def _strip_padding(ids: list[int], pad_id, eos_id) -> list[int]:
 # ----------------------------------------------------------------------------------------- prompts
 # a base model's prompts (a tokenizer without a chat template): <bos>, each user turn and a newline, the answers as
 # they are; recipes/gemma-3-270m.yaml's `target.chat_template` renders its training data the same way
-PROMPT_ONLY_TEMPLATE = "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'user' %}{{ '\\n' }}{% endif %}{% endfor %}"
+PROMPT_ONLY_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}{{ m['content'] }}{% if m['role'] == 'user' %}{{ '\\n' }}{% endif %}{% endfor %}"
+)
+
+
 def build_prompt(tokenizer, turns: list[str], answers: list[str]) -> torch.Tensor:
     """Token ids (1, L) of a conversation: user turns with the assistant's earlier answers between them, through
     the tokenizer's chat template; without one (a base model) through ``PROMPT_ONLY_TEMPLATE``."""
@@ -339,9 +393,11 @@ def _check_finite(**models) -> None:
         bad = non_finite_tensors(model) if model is not None else []
         if bad:
             shown = ", ".join(bad[:4]) + (f" and {len(bad) - 4} more" if len(bad) > 4 else "")
-            raise ValueError(f"The {what}'s weights are not finite (NaN or Inf in {shown}): its outputs mean nothing and "
-                             "the lossless check would compare them. Load the model again (in float32 if a cast "
-                             "overflowed).")
+            raise ValueError(
+                f"The {what}'s weights are not finite (NaN or Inf in {shown}): its outputs mean nothing and "
+                "the lossless check would compare them. Load the model again (in float32 if a cast "
+                "overflowed)."
+            )
 
 
 def run_benchmark(
@@ -375,8 +431,9 @@ def run_benchmark(
     as tree methods ``tree@name`` beside ``draft``'s, on the same questions in the same run. ``ignore_eos``: every
     row runs ``max_new_tokens`` (a batch's time is its longest row's, so rows that stop at different places, as
     sampled or near-tie rows do, would otherwise give methods different token counts for the same time)."""
-    _check_finite(target=target, draft=draft, assistant=assistant,
-                  **{f"draft {name}": d for name, d in (compare_drafts or {}).items()})
+    _check_finite(
+        target=target, draft=draft, assistant=assistant, **{f"draft {name}": d for name, d in (compare_drafts or {}).items()}
+    )
     methods = list(dict.fromkeys(methods))
     if "plain" not in methods:
         methods.insert(0, "plain")  # speed-ups are relative to plain decoding in the same run
@@ -400,9 +457,11 @@ def run_benchmark(
     pad_id = generation_config_for(target, Mode(), 1, tokenizer).pad_token_id
     for suite in suites:  # a batch of size b must hold b prompts at least once, or its rows say a batch it never ran
         if len(suite.questions) < batch_sizes[-1]:
-            raise ValueError(f"batch size {batch_sizes[-1]} is larger than suite {suite.name}'s {len(suite.questions)} "
-                             "question(s): every batch would hold fewer prompts than its label says. Lower --batch-size "
-                             "or raise --num-questions.")
+            raise ValueError(
+                f"batch size {batch_sizes[-1]} is larger than suite {suite.name}'s {len(suite.questions)} "
+                "question(s): every batch would hold fewer prompts than its label says. Lower --batch-size "
+                "or raise --num-questions."
+            )
     plan = []  # (mode, batch size, methods, groups of questions)
     for mode in modes:
         for size in batch_sizes:
@@ -423,7 +482,7 @@ def run_benchmark(
                 _warm_up(runner, methods_here, suites, tokenizer, gc, warmup, device, size, pad_id)
                 warmed.add((mode.name, size))
             for gi, group in enumerate(groups):
-                order = methods_here[gi % len(methods_here):] + methods_here[: gi % len(methods_here)]
+                order = methods_here[gi % len(methods_here) :] + methods_here[: gi % len(methods_here)]
                 turns = min(min(len(q.turns) for q in group), max_turns or 10**9)  # max_turns=1: first turns
                 for method in order:
                     answers: list[list[str]] = [[] for _ in group]
@@ -432,8 +491,10 @@ def run_benchmark(
                         ids, mask = left_pad(prompts, pad_id)
                         if not mode.greedy:
                             torch.manual_seed(seed + 1000 * gi + ti)
-                        metas = [dict(suite=suite.name, question_id=q.question_id, category=q.category, turn=ti + 1,
-                                      mode=mode.name) for q in group]
+                        metas = [
+                            dict(suite=suite.name, question_id=q.question_id, category=q.category, turn=ti + 1, mode=mode.name)
+                            for q in group
+                        ]
                         recs = runner.run(method, ids.to(device), mask.to(device), gc, metas, batch=size)
                         records.extend(recs)
                         for j, rec in enumerate(recs):
@@ -489,13 +550,22 @@ def left_pad(prompts: list[torch.Tensor], pad_id: int) -> tuple[torch.Tensor, to
     ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(prompts), width), dtype=torch.long)
     for i, p in enumerate(prompts):
-        ids[i, width - p.shape[1]:] = p[0]
-        mask[i, width - p.shape[1]:] = 1
+        ids[i, width - p.shape[1] :] = p[0]
+        mask[i, width - p.shape[1] :] = 1
     return ids, mask
 
 
-def _warm_up(runner: TurnRunner, methods: list[Method], suites: list[Suite], tokenizer, gc, warmup: int, device,
-             size: int = 1, pad_id: int = 0):
+def _warm_up(
+    runner: TurnRunner,
+    methods: list[Method],
+    suites: list[Suite],
+    tokenizer,
+    gc,
+    warmup: int,
+    device,
+    size: int = 1,
+    pad_id: int = 0,
+):
     if warmup <= 0 or not suites or not suites[0].questions:
         return
     group = suites[0].questions[:size]

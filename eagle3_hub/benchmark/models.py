@@ -25,9 +25,15 @@ def resolve_draft(draft: str | None, target: str | None, methods: list[str]) -> 
         raise ValueError(f"{e} Or run only --methods plain,lookup.") from None
 
 
-def load_models(target: str | None, draft_path: str | None, device: torch.device, dtype: torch.dtype,
-                assistant_model: str | None = None, assistant_tokens: int | None = None,
-                allow_pickle: bool = False):
+def load_models(
+    target: str | None,
+    draft_path: str | None,
+    device: torch.device,
+    dtype: torch.dtype,
+    assistant_model: str | None = None,
+    assistant_tokens: int | None = None,
+    allow_pickle: bool = False,
+):
     """(target, tokenizer, draft or None, assistant or None, assistant_tokenizer or None), on ``device``/``dtype``.
 
     ``allow_pickle``: also load target / assistant checkpoints stored as pickles (``.bin``); drafts never."""

@@ -90,9 +90,17 @@ def plain_step_logits(target, prompt_ids: list[int], output_ids: list[int]) -> t
     device = next(target.parameters()).device
     forced = _Forced(output_ids)
     ids = torch.tensor([prompt_ids], device=device)
-    target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=len(output_ids), min_new_tokens=None,
-                    do_sample=False, num_beams=1, eos_token_id=[], repetition_penalty=None,
-                    logits_processor=LogitsProcessorList([forced]))
+    target.generate(
+        ids,
+        attention_mask=torch.ones_like(ids),
+        max_new_tokens=len(output_ids),
+        min_new_tokens=None,
+        do_sample=False,
+        num_beams=1,
+        eos_token_id=[],
+        repetition_penalty=None,
+        logits_processor=LogitsProcessorList([forced]),
+    )
     return torch.stack(forced.scores).cpu()
 
 
@@ -110,8 +118,14 @@ def tolerance(best: torch.Tensor, dtype: torch.dtype, steps: float = TOLERANCE_S
     return torch.tensor([steps * step_at(float(b), dtype) for b in best.tolist()])
 
 
-def near_tie_flags(gaps: torch.Tensor, best: torch.Tensor, own_gaps: torch.Tensor, own_best: torch.Tensor,
-                   dtype: torch.dtype, steps: float = TOLERANCE_STEPS):
+def near_tie_flags(
+    gaps: torch.Tensor,
+    best: torch.Tensor,
+    own_gaps: torch.Tensor,
+    own_best: torch.Tensor,
+    dtype: torch.dtype,
+    steps: float = TOLERANCE_STEPS,
+):
     """Per token, from its float32 (gap, best logit) and plain decoding's own step (``plain_step_gaps``): (the float32
     tolerance, the own tolerance, over the float32 tolerance, flagged = over both: plain decoding would not choose it
     there, nor hold it within the tolerance of its choice)."""
@@ -141,8 +155,18 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
             tol, own_tol, over32, flagged = near_tie_flags(gaps, best, own_gaps, own_best, dtype, steps)
             e = report.setdefault(
                 r.method,
-                {"turns": 0, "tokens": 0, "argmax": 0, "max_gap": 0.0, "own_max_gap": 0.0, "float32_over_tolerance": 0,
-                 "over_tolerance": 0, "worst": None, "by_suite": {}, "flagged": []},
+                {
+                    "turns": 0,
+                    "tokens": 0,
+                    "argmax": 0,
+                    "max_gap": 0.0,
+                    "own_max_gap": 0.0,
+                    "float32_over_tolerance": 0,
+                    "over_tolerance": 0,
+                    "worst": None,
+                    "by_suite": {},
+                    "flagged": [],
+                },
             )
             per_suite = e["by_suite"].setdefault(r.suite, {"tokens": 0, "max_gap": 0.0, "over_tolerance": 0})
             e["turns"] += 1
@@ -156,14 +180,30 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
             e["own_max_gap"] = max(e["own_max_gap"], float(own_gaps.max()) if len(own_gaps) else 0.0)
             e["argmax"] += int((gaps == 0).sum())
             for i in flagged.nonzero().flatten().tolist()[: MAX_FLAGGED - len(e["flagged"])]:
-                e["flagged"].append({"suite": r.suite, "question_id": r.question_id, "turn": r.turn, "token": i,
-                                     "gap": float(gaps[i]), "tolerance": float(tol[i]), "own_gap": float(own_gaps[i]),
-                                     "own_tolerance": float(own_tol[i])})
+                e["flagged"].append(
+                    {
+                        "suite": r.suite,
+                        "question_id": r.question_id,
+                        "turn": r.turn,
+                        "token": i,
+                        "gap": float(gaps[i]),
+                        "tolerance": float(tol[i]),
+                        "own_gap": float(own_gaps[i]),
+                        "own_tolerance": float(own_tol[i]),
+                    }
+                )
             if len(gaps) and (e["worst"] is None or largest > e["worst"]["gap"]):
                 i = int(gaps.argmax())
-                e["worst"] = {"suite": r.suite, "question_id": r.question_id, "turn": r.turn, "token": i,
-                              "gap": float(gaps[i]), "tolerance": float(tol[i]), "own_gap": float(own_gaps[i]),
-                              "own_tolerance": float(own_tol[i])}
+                e["worst"] = {
+                    "suite": r.suite,
+                    "question_id": r.question_id,
+                    "turn": r.turn,
+                    "token": i,
+                    "gap": float(gaps[i]),
+                    "tolerance": float(tol[i]),
+                    "own_gap": float(own_gaps[i]),
+                    "own_tolerance": float(own_tol[i]),
+                }
     finally:
         del reference
     for e in report.values():
@@ -172,5 +212,15 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
     return report
 
 
-__all__ = ["TOLERANCE_STEPS", "argmax_gaps", "float32_reference", "near_tie_check", "near_tie_flags", "plain_step_gaps",
-           "plain_step_logits", "reduced_precision", "step_at", "tolerance"]
+__all__ = [
+    "TOLERANCE_STEPS",
+    "argmax_gaps",
+    "float32_reference",
+    "near_tie_check",
+    "near_tie_flags",
+    "plain_step_gaps",
+    "plain_step_logits",
+    "reduced_precision",
+    "step_at",
+    "tolerance",
+]

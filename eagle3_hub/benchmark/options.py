@@ -10,8 +10,15 @@ SAME_FORWARD = "same_forward"  # the second baseline: plain decoding through tre
 METHOD_NAMES = ("plain", SAME_FORWARD, "lookup", "assisted", "tree", "assistant", "oracle")
 # the methods that need an EAGLE-3 draft (oracle: the target proposes, on tree decoding's verifier for that draft)
 DRAFT_METHODS = ("assisted", "tree", "oracle")
-TREE_KEY_TYPES = {"depth": int, "tree_top_k": int, "total_tokens": int, "lookup_tokens": int,
-                  "min_node_prob": float, "grow_min_prob": float, "adaptive": int}  # adaptive: 1 on, 0 off
+TREE_KEY_TYPES = {
+    "depth": int,
+    "tree_top_k": int,
+    "total_tokens": int,
+    "lookup_tokens": int,
+    "min_node_prob": float,
+    "grow_min_prob": float,
+    "adaptive": int,
+}  # adaptive: 1 on, 0 off
 TREE_KEYS = tuple(TREE_KEY_TYPES)
 
 SWEEP_DEFAULTS = {"depth": "3,5,7", "tree_top_k": "4,8", "total_tokens": "16,32,60"}
@@ -47,8 +54,9 @@ def tree_settings(text: str) -> list[dict]:
             try:
                 setting[key] = TREE_KEY_TYPES[key](value.strip())
             except ValueError:
-                raise ValueError(f"--trees: {key} takes a{'n integer' if TREE_KEY_TYPES[key] is int else ' number'}, "
-                                 f"got {value.strip()!r}") from None
+                raise ValueError(
+                    f"--trees: {key} takes a{'n integer' if TREE_KEY_TYPES[key] is int else ' number'}, got {value.strip()!r}"
+                ) from None
         out.append(setting)
     if not out:
         raise ValueError("--trees: give at least one tree setting, e.g. --trees 'depth=3;depth=8,grow_min_prob=0.3'")
@@ -77,8 +85,12 @@ def tree_grid(trees: str | None = None, **lists) -> list[dict]:
                 continue
             check_setting(key, value)
     # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape
-    fits = [g for g in grid if not {"depth", "tree_top_k", "total_tokens"} <= g.keys()
-            or g["total_tokens"] <= g["tree_top_k"] + (g["depth"] - 1) * g["tree_top_k"] ** 2]
+    fits = [
+        g
+        for g in grid
+        if not {"depth", "tree_top_k", "total_tokens"} <= g.keys()
+        or g["total_tokens"] <= g["tree_top_k"] + (g["depth"] - 1) * g["tree_top_k"] ** 2
+    ]
     if grid and not fits:
         raise ValueError("No tree shape in the sweep is valid: total_tokens must be <= top_k + (depth - 1) * top_k**2.")
     return fits

@@ -38,8 +38,17 @@ from ..generation.tree import attention_kernels, generate
 
 # Llama shapes by size (TinyLlama-1.1B for "1b"); "tiny" is for a CPU dry run of this script.
 SIZES = {
-    "tiny": dict(hidden_size=128, intermediate_size=344, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=1024),
-    "1b": dict(hidden_size=2048, intermediate_size=5632, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4, vocab_size=32000),
+    "tiny": dict(
+        hidden_size=128, intermediate_size=344, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2, vocab_size=1024
+    ),
+    "1b": dict(
+        hidden_size=2048,
+        intermediate_size=5632,
+        num_hidden_layers=22,
+        num_attention_heads=32,
+        num_key_value_heads=4,
+        vocab_size=32000,
+    ),
 }
 # tree decoding variants timed: (depth, top_k, total_tokens, lookup_tokens, draft_graph); the first = CUDA default.
 # The second and third isolate the CUDA graph of the draft's tree levels and the lookup branch.
@@ -67,7 +76,7 @@ def copy_draft(target, **kwargs) -> Eagle3DraftModel:
     draft = Eagle3DraftModel.from_target(target, **kwargs)
     with torch.no_grad():
         draft.fc.weight.zero_()
-        draft.fc.weight[:, 2 * H:] = torch.eye(H, device=draft.fc.weight.device)
+        draft.fc.weight[:, 2 * H :] = torch.eye(H, device=draft.fc.weight.device)
         draft.midlayer.self_attn.o_proj.weight.zero_()
         draft.midlayer.mlp.down_proj.weight.zero_()
         draft.lm_head.weight.copy_(target.get_output_embeddings().weight)
@@ -80,8 +89,15 @@ def sync(device):
 
 
 def plain_greedy(target, ids, mask, max_new_tokens):
-    return target.generate(ids, attention_mask=mask, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
-                           do_sample=False, pad_token_id=0, eos_token_id=None)
+    return target.generate(
+        ids,
+        attention_mask=mask,
+        max_new_tokens=max_new_tokens,
+        min_new_tokens=max_new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+        eos_token_id=None,
+    )
 
 
 def prompts(vocab: int, lengths, device, seed=1):
@@ -100,35 +116,45 @@ def lossless(target, draft, device, new_tokens: int, variant) -> dict:
     for p in ps:
         ids, mask = p[None], torch.ones_like(p[None])
         ref = plain_greedy(target, ids, mask, new_tokens)
-        out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[],
-                          **_tree_kwargs(variant))
-        rows.append({"prompt_len": len(p), "equal": bool(torch.equal(out.sequences, ref)),
-                     "acceptance": round(out.stats.mean_acceptance_length, 2)})
+        out = generate(
+            target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[], **_tree_kwargs(variant)
+        )
+        rows.append(
+            {
+                "prompt_len": len(p),
+                "equal": bool(torch.equal(out.sequences, ref)),
+                "acceptance": round(out.stats.mean_acceptance_length, 2),
+            }
+        )
     L = max(len(p) for p in ps)
     ids = torch.zeros(len(ps), L, dtype=torch.long, device=device)
     mask = torch.zeros_like(ids)
     for i, p in enumerate(ps):
-        ids[i, L - len(p):], mask[i, L - len(p):] = p, 1
-    out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens // 2, eos_token_id=[],
-                      **_tree_kwargs(variant))
+        ids[i, L - len(p) :], mask[i, L - len(p) :] = p, 1
+    out = generate(
+        target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens // 2, eos_token_id=[], **_tree_kwargs(variant)
+    )
     batch_equal = all(
-        torch.equal(out.sequences[i, L:], plain_greedy(target, p[None], torch.ones_like(p[None]), new_tokens // 2)[0, len(p):])
+        torch.equal(out.sequences[i, L:], plain_greedy(target, p[None], torch.ones_like(p[None]), new_tokens // 2)[0, len(p) :])
         for i, p in enumerate(ps)
     )
-    return {"batch1": rows, "batch3_left_padded_rows_equal": batch_equal,
-            "all_equal": batch_equal and all(r["equal"] for r in rows)}
+    return {
+        "batch1": rows,
+        "batch3_left_padded_rows_equal": batch_equal,
+        "all_equal": batch_equal and all(r["equal"] for r in rows),
+    }
 
 
 def bf16_agreement(target, draft, device, new_tokens: int, variant) -> list[dict]:
     rows = []
     for p in prompts(target.config.vocab_size, (32, 100, 200), device, seed=2):
         ids, mask = p[None], torch.ones_like(p[None])
-        ref = plain_greedy(target, ids, mask, new_tokens)[0, len(p):]
-        out = generate(target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[],
-                          **_tree_kwargs(variant)).sequences[0, len(p):]
+        ref = plain_greedy(target, ids, mask, new_tokens)[0, len(p) :]
+        out = generate(
+            target, draft, ids, attention_mask=mask, max_new_tokens=new_tokens, eos_token_id=[], **_tree_kwargs(variant)
+        ).sequences[0, len(p) :]
         diff = (out != ref).nonzero()
-        rows.append({"prompt_len": len(p), "first_divergence": int(diff[0]) if len(diff) else None,
-                     "equal": not len(diff)})
+        rows.append({"prompt_len": len(p), "first_divergence": int(diff[0]) if len(diff) else None, "equal": not len(diff)})
     return rows
 
 
@@ -154,8 +180,9 @@ def forward_cost(target, device, context: int = 512, sizes=(1, 4, 8, 16, 32, 64,
     return result
 
 
-def timing(target, draft, device, new_tokens: int, variants, num_prompts: int = 3, on_result=print,
-           result: dict | None = None) -> dict:
+def timing(
+    target, draft, device, new_tokens: int, variants, num_prompts: int = 3, on_result=print, result: dict | None = None
+) -> dict:
     ps = prompts(target.config.vocab_size, (64, 128, 192)[:num_prompts], device, seed=3)
     one = lambda p: (p[None], torch.ones_like(p[None]))  # noqa: E731
 
@@ -175,8 +202,16 @@ def timing(target, draft, device, new_tokens: int, variants, num_prompts: int = 
         return out.shape[1] - len(p), None
 
     def assisted(p, m):
-        out = target.generate(*one(p)[:1], attention_mask=one(p)[1], assistant_model=draft, max_new_tokens=m,
-                              min_new_tokens=m, do_sample=False, pad_token_id=0, eos_token_id=None)
+        out = target.generate(
+            *one(p)[:1],
+            attention_mask=one(p)[1],
+            assistant_model=draft,
+            max_new_tokens=m,
+            min_new_tokens=m,
+            do_sample=False,
+            pad_token_id=0,
+            eos_token_id=None,
+        )
         return out.shape[1] - len(p), {k: v for k, v in draft.last_assisted_stats.items() if k != "rounds"}
 
     result = {} if result is None else result  # filled as it goes (on_result may save it)
@@ -191,9 +226,11 @@ def timing(target, draft, device, new_tokens: int, variants, num_prompts: int = 
     on_result(result)
     result["tree"] = []
     for variant in variants:
+
         def tree(p, m, variant=variant):
             out = generate(target, draft, *one(p), max_new_tokens=m, eos_token_id=[], **_tree_kwargs(variant))
             return out.stats.new_tokens, out.stats
+
         depth, k, n, lookup, graph = variant
         row = {"depth": depth, "top_k": k, "total_tokens": n, "lookup_tokens": lookup, "draft_graph": graph}
         try:
@@ -203,46 +240,75 @@ def timing(target, draft, device, new_tokens: int, variants, num_prompts: int = 
             on_result(result["tree"][-1])
             continue
         steps = sum(s.steps for s in stats)
-        ms = {ph: round(1e3 * sum(getattr(s, f"{ph}_time_s") for s in stats) / steps, 2) for ph in ("draft", "verify", "overhead")}
+        ms = {
+            ph: round(1e3 * sum(getattr(s, f"{ph}_time_s") for s in stats) / steps, 2) for ph in ("draft", "verify", "overhead")
+        }
         acc = sum(s.new_tokens for s in stats) / sum(s.target_forwards for s in stats)
         step_ms = sum(ms.values())
-        result["tree"].append({**row, "tok_s": round(tps, 1),
-                               "speedup_vs_plain": round(tps / result["plain_tok_s"], 2),
-                               "acceptance": round(acc, 2), "per_step_ms": ms,
-                               "break_even_acceptance": round(step_ms / plain_ms, 2)})
+        result["tree"].append(
+            {
+                **row,
+                "tok_s": round(tps, 1),
+                "speedup_vs_plain": round(tps / result["plain_tok_s"], 2),
+                "acceptance": round(acc, 2),
+                "per_step_ms": ms,
+                "break_even_acceptance": round(step_ms / plain_ms, 2),
+            }
+        )
         on_result(result["tree"][-1])
     return result
 
 
 def markdown(r: dict) -> str:
-    lines = [f"# Tree decoding on a random {r['size']} Llama target ({r['device_name']})", "",
-             f"torch {r['torch']}, transformers {r['transformers']}; {r['new_tokens']} new tokens per prompt.", "",
-             f"Lossless float32 (depth, top_k, total_tokens, lookup_tokens, draft_graph = {r['lossless_shape']}): all equal to plain greedy = **{r['lossless']['all_equal']}**; "
-             f"batch-1 rows {r['lossless']['batch1']}; left-padded batch of 3 rows equal: {r['lossless']['batch3_left_padded_rows_equal']}.", "",
-             f"bfloat16 agreement with bf16 plain greedy: {r['bf16_agreement']}", "",
-             "Target forward (bf16) behind a 512-token cache, ms by tokens verified: "
-             + ", ".join(f"{n}: {ms}" for n, ms in r["forward_ms"].items()), "",
-             f"plain greedy {r['timing']['plain_tok_s']} tok/s; assisted {r['timing']['assisted_tok_s']} tok/s", "",
-             "| depth | top_k | total | lookup | draft graph | tok/s | x plain | acceptance | draft ms | verify ms | overhead ms | break-even acceptance |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"# Tree decoding on a random {r['size']} Llama target ({r['device_name']})",
+        "",
+        f"torch {r['torch']}, transformers {r['transformers']}; {r['new_tokens']} new tokens per prompt.",
+        "",
+        f"Lossless float32 (depth, top_k, total_tokens, lookup_tokens, draft_graph = {r['lossless_shape']}): all equal to plain greedy = **{r['lossless']['all_equal']}**; "
+        f"batch-1 rows {r['lossless']['batch1']}; left-padded batch of 3 rows equal: {r['lossless']['batch3_left_padded_rows_equal']}.",
+        "",
+        f"bfloat16 agreement with bf16 plain greedy: {r['bf16_agreement']}",
+        "",
+        "Target forward (bf16) behind a 512-token cache, ms by tokens verified: "
+        + ", ".join(f"{n}: {ms}" for n, ms in r["forward_ms"].items()),
+        "",
+        f"plain greedy {r['timing']['plain_tok_s']} tok/s; assisted {r['timing']['assisted_tok_s']} tok/s",
+        "",
+        "| depth | top_k | total | lookup | draft graph | tok/s | x plain | acceptance | draft ms | verify ms | overhead ms | break-even acceptance |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for t in r["timing"]["tree"]:
         if "error" in t:
-            lines.append(f"| {t['depth']} | {t['top_k']} | {t['total_tokens']} | {t['lookup_tokens']} | {t['draft_graph']} "
-                         f"| failed: {t['error'][:80]} |")
+            lines.append(
+                f"| {t['depth']} | {t['top_k']} | {t['total_tokens']} | {t['lookup_tokens']} | {t['draft_graph']} "
+                f"| failed: {t['error'][:80]} |"
+            )
             continue
         ms = t["per_step_ms"]
-        lines.append(f"| {t['depth']} | {t['top_k']} | {t['total_tokens']} | {t['lookup_tokens']} | {t['draft_graph']} | {t['tok_s']} | {t['speedup_vs_plain']} | {t['acceptance']} "
-                     f"| {ms['draft']} | {ms['verify']} | {ms['overhead']} | {t['break_even_acceptance']} |")
-    lines += ["", "Acceptance comes from a copy draft on a random target (repetitive text): not a trained draft's. "
-              "Break-even acceptance = step time / plain time per token: a trained draft needs that for 1x, twice it for 2x."]
+        lines.append(
+            f"| {t['depth']} | {t['top_k']} | {t['total_tokens']} | {t['lookup_tokens']} | {t['draft_graph']} | {t['tok_s']} | {t['speedup_vs_plain']} | {t['acceptance']} "
+            f"| {ms['draft']} | {ms['verify']} | {ms['overhead']} | {t['break_even_acceptance']} |"
+        )
+    lines += [
+        "",
+        "Acceptance comes from a copy draft on a random target (repetitive text): not a trained draft's. "
+        "Break-even acceptance = step time / plain time per token: a trained draft needs that for 1x, twice it for 2x.",
+    ]
     return "\n".join(lines) + "\n"
 
 
 PHASES = ("lossless", "bf16", "forward", "timing")
 
 
-def run_random_target(size: str = "1b", device: str | None = None, new_tokens: int = 256,
-                      out: str | Path = "random-target", phases=PHASES, prompts: int = 3) -> dict:
+def run_random_target(
+    size: str = "1b",
+    device: str | None = None,
+    new_tokens: int = 256,
+    out: str | Path = "random-target",
+    phases=PHASES,
+    prompts: int = 3,
+) -> dict:
     """Run the ``phases`` on a random Llama target of ``size``; writes ``random_target.json`` (after every phase)
     and, when every phase ran, ``random_target.md`` in ``out``. Returns the results."""
     from ..devices import resolve_device
@@ -256,9 +322,14 @@ def run_random_target(size: str = "1b", device: str | None = None, new_tokens: i
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     dev = str(resolve_device(device))
-    r = {"size": size, "device": dev, "new_tokens": new_tokens, "torch": torch.__version__,
-         "transformers": transformers.__version__,
-         "device_name": torch.cuda.get_device_name(dev) if torch.device(dev).type == "cuda" else platform.processor()}
+    r = {
+        "size": size,
+        "device": dev,
+        "new_tokens": new_tokens,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "device_name": torch.cuda.get_device_name(dev) if torch.device(dev).type == "cuda" else platform.processor(),
+    }
 
     def save():
         atomic_write_json(out / "random_target.json", r)
@@ -285,8 +356,16 @@ def run_random_target(size: str = "1b", device: str | None = None, new_tokens: i
     if "timing" in phases:
         r["attention_kernels"] = "every method without cuDNN SDPA (eagle3_hub's attention_kernels)"
         with attention_kernels(torch.device(dev)):
-            r["timing"] = timing(target, draft, dev, new_tokens, VARIANTS, prompts,
-                                 on_result=lambda t: (print(t, flush=True), save()), result=r.setdefault("timing", {}))
+            r["timing"] = timing(
+                target,
+                draft,
+                dev,
+                new_tokens,
+                VARIANTS,
+                prompts,
+                on_result=lambda t: (print(t, flush=True), save()),
+                result=r.setdefault("timing", {}),
+            )
     r["wall_s"] = round(time.time() - t0, 1)
     save()
     if phases >= set(PHASES):

@@ -79,16 +79,23 @@ def summarize(records: list[TurnRecord], plain_name: str = "plain") -> list[dict
             accepted_total = sum(k * c for k, c in enumerate(hist))
             tau = 1 + accepted_total / steps
             # fraction of forwards that accepted >= k draft tokens; plain decoding drafts nothing
-            by_pos = None if method in (plain_name, SAME_FORWARD) else [sum(hist[k:]) / steps for k in range(1, max(len(hist), 2))]
+            by_pos = (
+                None if method in (plain_name, SAME_FORWARD) else [sum(hist[k:]) / steps for k in range(1, max(len(hist), 2))]
+            )
         else:
             forwards = sum(r.target_forwards for r in rs)
             tau = tokens / forwards if forwards else None
             by_pos = None
         rows.append(
             {
-                "suite": suite, "mode": mode, "batch": batch, "method": method, "turns": len(rs),
+                "suite": suite,
+                "mode": mode,
+                "batch": batch,
+                "method": method,
+                "turns": len(rs),
                 "questions": len({(r.suite, r.question_id) for r in rs}),
-                "new_tokens": tokens, "time_s": round(t, 4),
+                "new_tokens": tokens,
+                "time_s": round(t, 4),
                 "tokens_per_s": tokens / t if t > 0 else None,
                 "mean_acceptance_length": tau,
                 "acceptance_by_position": by_pos,
@@ -129,9 +136,7 @@ def _loop_share(records: list[TurnRecord]) -> float | None:
     return repeated / total if total else None
 
 
-def lossless_check(
-    records: list[TurnRecord], tokenizer, plain_name: str = "plain", near_ties: dict | None = None
-) -> dict:
+def lossless_check(records: list[TurnRecord], tokenizer, plain_name: str = "plain", near_ties: dict | None = None) -> dict:
     """Greedy outputs of every method against plain greedy, turn by turn. ``near_ties`` (reduced precision:
     ``near_ties.near_tie_check``): a method whose outputs differ is still lossless where every token it emitted
     is the float32 target's choice up to a near-tie; each entry then carries its own and plain's scores."""
@@ -155,9 +160,13 @@ def lossless_check(
         first = next((i for i in range(n) if r.output_ids[i] != p.output_ids[i]), n)
         entry["mismatches"].append(
             {
-                "suite": r.suite, "question_id": r.question_id, "turn": r.turn, "batch": r.batch, "first_difference": first,
-                "plain": tokenizer.decode(p.output_ids[max(0, first - 8): first + 12]),
-                "method": tokenizer.decode(r.output_ids[max(0, first - 8): first + 12]),
+                "suite": r.suite,
+                "question_id": r.question_id,
+                "turn": r.turn,
+                "batch": r.batch,
+                "first_difference": first,
+                "plain": tokenizer.decode(p.output_ids[max(0, first - 8) : first + 12]),
+                "method": tokenizer.decode(r.output_ids[max(0, first - 8) : first + 12]),
             }
         )
     for method, entry in report.items():
@@ -175,14 +184,22 @@ def sweep_summary(rows: list[dict], methods: list) -> dict:
     out = {}
     for mode, batch in sorted({(r["mode"], r.get("batch", 1)) for r in rows}):
         ranked = sorted(
-            (r for r in rows if r["suite"] == "_all" and r["mode"] == mode and r.get("batch", 1) == batch
-             and r["method"] in params),
+            (
+                r
+                for r in rows
+                if r["suite"] == "_all" and r["mode"] == mode and r.get("batch", 1) == batch and r["method"] in params
+            ),
             key=lambda r: -(r["speedup"] or 0),
         )
         out[mode if batch == 1 else f"{mode}, batch {batch}"] = {
             "ranking": [
-                {**params[r["method"]], "method": r["method"], "speedup": r["speedup"],
-                 "tokens_per_s": r["tokens_per_s"], "mean_acceptance_length": r["mean_acceptance_length"]}
+                {
+                    **params[r["method"]],
+                    "method": r["method"],
+                    "speedup": r["speedup"],
+                    "tokens_per_s": r["tokens_per_s"],
+                    "mean_acceptance_length": r["mean_acceptance_length"],
+                }
                 for r in ranked
             ],
             "best": {**params[ranked[0]["method"]], "speedup": ranked[0]["speedup"]} if ranked else None,

@@ -76,9 +76,15 @@ def markdown_table(results: dict) -> str:
     with_same = any(r.get("speedup_same_forward") is not None for r in rows)
     batched = any(r.get("batch", 1) > 1 for r in rows)
     with_oracle = any(r.get("oracle_share") is not None for r in rows)
-    header = ["Suite", "Mode"] + (["Batch"] if batched else []) + ["Method", "Tokens/s", "Speed-up"] + (["vs same forward"] if with_same else []) + [
-        "Accept. length"] + (["Of perfect draft"] if with_oracle else []) + [
-        "Accepted at draft pos. 1/2/3/…", "Draft / verify / other", "Peak MB", "Loop share", "Lossless"]
+    header = (
+        ["Suite", "Mode"]
+        + (["Batch"] if batched else [])
+        + ["Method", "Tokens/s", "Speed-up"]
+        + (["vs same forward"] if with_same else [])
+        + ["Accept. length"]
+        + (["Of perfect draft"] if with_oracle else [])
+        + ["Accepted at draft pos. 1/2/3/…", "Draft / verify / other", "Peak MB", "Loop share", "Lossless"]
+    )
     lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
     for r in rows:
         split = r["time_split"]
@@ -93,13 +99,17 @@ def markdown_table(results: dict) -> str:
             r["method"],
             "–" if r["method"].startswith("oracle") else _fmt(r["tokens_per_s"], ".1f"),
             _fmt(r["speedup"], ".2f") + ("×" if r["speedup"] is not None else ""),
-            *([_fmt(r.get("speedup_same_forward"), ".2f") + ("×" if r.get("speedup_same_forward") is not None else "")]
-              if with_same else []),
+            *(
+                [_fmt(r.get("speedup_same_forward"), ".2f") + ("×" if r.get("speedup_same_forward") is not None else "")]
+                if with_same
+                else []
+            ),
             _fmt(r["mean_acceptance_length"], ".2f"),
             *([_fmt(r.get("oracle_share"), ".0%")] if with_oracle else []),
             acceptance_text(r["acceptance_by_position"]),
-            "–" if split["verify"] is None else
-            f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['overhead']:.0f}%",
+            "–"
+            if split["verify"] is None
+            else f"{100 * split['draft']:.0f}% / {100 * split['verify']:.0f}% / {100 * split['overhead']:.0f}%",
             _fmt(r["peak_memory_mb"], ".0f"),
             loop_text(r.get("loop_share")),
             same,
@@ -112,7 +122,9 @@ def sweep_table(results: dict, limit: int = 10) -> str:
     lines = []
     for mode, sweep in (results.get("sweep") or {}).items():
         lines.append(f"Tree settings, {mode}, best first:\n")
-        lines.append("| depth | tree_top_k | total_tokens | lookup_tokens | min_node_prob | grow_min_prob | Speed-up | Tokens/s | Accept. length |")
+        lines.append(
+            "| depth | tree_top_k | total_tokens | lookup_tokens | min_node_prob | grow_min_prob | Speed-up | Tokens/s | Accept. length |"
+        )
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for r in sweep["ranking"][:limit]:
             lines.append(
@@ -136,30 +148,44 @@ def markdown_report(results: dict) -> str:
         + (" (past the end-of-sequence token)" if s.get("ignore_eos") else "")
         + (f", first {s['max_turns']} turn(s) of each question" if s.get("max_turns") else "")
         + "; speed-up over plain decoding (transformers' `generate`) in the same run"
-        + ("; 'vs same forward': over plain decoding through the target forward and head that tree decoding "
-           "verifies with (what speculation alone buys)." if any(r.get("speedup_same_forward") for r in results["results"])
-           else "."),
+        + (
+            "; 'vs same forward': over plain decoding through the target forward and head that tree decoding "
+            "verifies with (what speculation alone buys)."
+            if any(r.get("speedup_same_forward") for r in results["results"])
+            else "."
+        ),
         "",
         markdown_table(results),
         "",
     ]
-    parts += [f"Loop share: the share of each output's {LOOP_NGRAM}-grams that repeat an earlier one of the same "
-              f"output; LOOPS above {LOOP_SHARE_FLAG:g}: the outputs loop, and a speed-up there measures copying the "
-              "loop (prompt lookup and the tree's lookup branch do), not drafting.", ""]
+    parts += [
+        f"Loop share: the share of each output's {LOOP_NGRAM}-grams that repeat an earlier one of the same "
+        f"output; LOOPS above {LOOP_SHARE_FLAG:g}: the outputs loop, and a speed-up there measures copying the "
+        "loop (prompt lookup and the tree's lookup branch do), not drafting.",
+        "",
+    ]
     adaptive = [r for r in sorted(results["results"], key=row_sort_key) if r.get("tree_steps") and r["suite"] != "_all"]
     if adaptive:
-        parts += ["Adaptive tree: steps per shape it chose (depth/children/nodes; none: one token per row through the "
-                  "same forward):", ""]
-        parts += [f"- {r['suite']}, {r['mode']}" + (f", batch {r['batch']}" if r.get("batch", 1) > 1 else "")
-                  + f", {r['method']}: " + ", ".join(f"{k} {v}" for k, v in
-                                                      sorted(r["tree_steps"].items(), key=lambda kv: -kv[1]))
-                  for r in adaptive]
+        parts += [
+            "Adaptive tree: steps per shape it chose (depth/children/nodes; none: one token per row through the same forward):",
+            "",
+        ]
+        parts += [
+            f"- {r['suite']}, {r['mode']}"
+            + (f", batch {r['batch']}" if r.get("batch", 1) > 1 else "")
+            + f", {r['method']}: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(r["tree_steps"].items(), key=lambda kv: -kv[1]))
+            for r in adaptive
+        ]
         parts += [""]
     if any(r["method"].startswith("oracle") for r in results["results"]):
-        parts += ["`oracle`: the target proposes each node's children itself (its own most probable tokens), in the "
-                  "same tree shape and walk: the acceptance a perfect draft would reach. It measures acceptance only; "
-                  "its speed means nothing (each tree level runs the target). 'Of perfect draft': a tree method's "
-                  "acceptance length over the oracle's with the same shape.", ""]
+        parts += [
+            "`oracle`: the target proposes each node's children itself (its own most probable tokens), in the "
+            "same tree shape and walk: the acceptance a perfect draft would reach. It measures acceptance only; "
+            "its speed means nothing (each tree level runs the target). 'Of perfect draft': a tree method's "
+            "acceptance length over the oracle's with the same shape.",
+            "",
+        ]
     if results.get("sweep"):
         parts += [sweep_table(results), ""]
     return "\n".join(parts)
@@ -182,7 +208,9 @@ def plot_chart(results: dict, path: str | Path) -> Path:
     suites = sorted({r["suite"] for r in rows}, key=lambda s: (s == "_all", s))
     if len(suites) == 2:
         suites = [s for s in suites if s != "_all"]
-    methods = sorted({r["method"] for r in rows if r["method"] != "plain"}, key=lambda m: row_sort_key({"suite": "", "mode": "", "method": m}))
+    methods = sorted(
+        {r["method"] for r in rows if r["method"] != "plain"}, key=lambda m: row_sort_key({"suite": "", "mode": "", "method": m})
+    )
     by_key = {(r["suite"], r["method"]): r for r in rows}
 
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))

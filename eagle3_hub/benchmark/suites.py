@@ -100,8 +100,10 @@ def read_question_file(path: str | Path, name: str | None = None) -> Suite:
 
 
 def write_question_file(questions: list[Question], path: str | Path):
-    lines = [json.dumps({"question_id": q.question_id, "category": q.category, "turns": q.turns, **q.extra},
-                        ensure_ascii=False) for q in questions]
+    lines = [
+        json.dumps({"question_id": q.question_id, "category": q.category, "turns": q.turns, **q.extra}, ensure_ascii=False)
+        for q in questions
+    ]
     atomic_write_text(path, "".join(line + "\n" for line in lines))
 
 
@@ -165,10 +167,16 @@ HUB_SOURCES: dict[str, HubSource] = {
 PACKAGED_SUITES = ("continuation",)
 STANDARD_SUITES = list(HUB_SOURCES) + list(PACKAGED_SUITES)
 ALIASES = {
-    "mt-bench": "mt_bench", "mtbench": "mt_bench",
-    "human_eval": "humaneval", "human-eval": "humaneval",
-    "cnn_dm": "sum", "cnndm": "sum", "cnn_dailymail": "sum", "summarization": "sum",
-    "nq": "qa", "natural_questions": "qa",
+    "mt-bench": "mt_bench",
+    "mtbench": "mt_bench",
+    "human_eval": "humaneval",
+    "human-eval": "humaneval",
+    "cnn_dm": "sum",
+    "cnndm": "sum",
+    "cnn_dailymail": "sum",
+    "summarization": "sum",
+    "nq": "qa",
+    "natural_questions": "qa",
 }
 
 

@@ -19,19 +19,26 @@ def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("src", help="draft to convert: folder or Hub repo id (ours, EAGLE-3 release, SpecForge, speculators)")
     parser.add_argument("dst", help="output folder (must not exist or be empty, unless --force)")
     parser.add_argument(
-        "--to", choices=EXPORTS, default="ours",
+        "--to",
+        choices=EXPORTS,
+        default="ours",
         help="ours: transformers layout with code files (default); sglang: model_type llama folder served by SGLang "
         "(and by vLLM with method eagle3); vllm: speculators layout (`vllm serve DST`)",
     )
     parser.add_argument("--target", help="target model (Hub id or folder; only its config is read) to check the draft against")
-    parser.add_argument("--aux-layer-ids", type=_int_list, help="override the aux layers: LOW,MID,HIGH, 0-based target layer outputs")
     parser.add_argument(
-        "--aux-layer-convention", choices=("output", "input"),
+        "--aux-layer-ids", type=_int_list, help="override the aux layers: LOW,MID,HIGH, 0-based target layer outputs"
+    )
+    parser.add_argument(
+        "--aux-layer-convention",
+        choices=("output", "input"),
         help="how to read the aux layer ids SRC's config lists, for drafts whose config does not say: 'output' (id i = "
         "the output of decoder layer i: SGLang's Llama path, SpecForge) or 'input' (the input of layer i: vLLM)",
     )
     parser.add_argument("--verifier", help="--to vllm: target repo id written into speculators_config (default: --target)")
-    parser.add_argument("--num-speculative-tokens", type=int, default=3, help="--to vllm: speculative_tokens of the proposal method")
+    parser.add_argument(
+        "--num-speculative-tokens", type=int, default=3, help="--to vllm: speculative_tokens of the proposal method"
+    )
     parser.add_argument("--force", action="store_true", help="replace a non-empty DST")
 
 
@@ -41,8 +48,14 @@ def run(args) -> int:
     if args.num_speculative_tokens < 1:
         raise ValueError(f"--num-speculative-tokens must be at least 1, got {args.num_speculative_tokens}")
     out = convert(
-        args.src, args.dst, to=args.to, target=args.target, aux_layer_ids=args.aux_layer_ids,
-        verifier=args.verifier, num_speculative_tokens=args.num_speculative_tokens, force=args.force,
+        args.src,
+        args.dst,
+        to=args.to,
+        target=args.target,
+        aux_layer_ids=args.aux_layer_ids,
+        verifier=args.verifier,
+        num_speculative_tokens=args.num_speculative_tokens,
+        force=args.force,
         aux_layer_convention=args.aux_layer_convention,
     )
     print(f"wrote {args.to} layout to {out}")

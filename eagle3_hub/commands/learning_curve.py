@@ -15,8 +15,12 @@ from pathlib import Path
 def add_arguments(parser: argparse.ArgumentParser):
     parser.add_argument("runs", nargs="+", help="work_dirs (or their eval_metrics.json) in training order")
     parser.add_argument("--out", default="learning_curve.png", help="the plot (PNG); the points go next to it as .json")
-    parser.add_argument("--tokens-per-step", type=float, default=None,
-                        help="for runs whose evaluations do not record their tokens: tokens per optimizer step")
+    parser.add_argument(
+        "--tokens-per-step",
+        type=float,
+        default=None,
+        help="for runs whose evaluations do not record their tokens: tokens per optimizer step",
+    )
     parser.add_argument("--title", default="")
 
 
@@ -34,8 +38,10 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from ..cli import CommandParser, one_line, user_errors
 
-    parser = CommandParser(prog="python -m eagle3_hub.commands.learning_curve",
-                           description="held-out accuracy and acceptance against training tokens")
+    parser = CommandParser(
+        prog="python -m eagle3_hub.commands.learning_curve",
+        description="held-out accuracy and acceptance against training tokens",
+    )
     add_arguments(parser)
     try:
         return run(parser.parse_args(argv))

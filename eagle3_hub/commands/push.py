@@ -27,8 +27,14 @@ def run(args) -> int:
     check_draft_folder(args.draft)  # not a saved draft: a ValueError, one line and exit 2 from the CLI
     check_repo_id(args.repo_id)
     try:
-        url = push(args.draft, args.repo_id, private=args.private, token=args.token,
-                         commit_message=args.message, update_card=not args.no_card)
+        url = push(
+            args.draft,
+            args.repo_id,
+            private=args.private,
+            token=args.token,
+            commit_message=args.message,
+            update_card=not args.no_card,
+        )
     except HubPushError as e:
         print(f"eagle3-hub push: error: {' '.join(str(e).split())}", file=sys.stderr)
         return 1

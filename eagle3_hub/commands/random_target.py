@@ -32,8 +32,10 @@ def run(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     from ..cli import CommandParser, one_line, user_errors
 
-    parser = CommandParser(prog="python -m eagle3_hub.commands.random_target",
-                           description="tree decoding on a random Llama target: lossless check and timings")
+    parser = CommandParser(
+        prog="python -m eagle3_hub.commands.random_target",
+        description="tree decoding on a random Llama target: lossless check and timings",
+    )
     add_arguments(parser)
     try:
         return run(parser.parse_args(argv))

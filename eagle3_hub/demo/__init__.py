@@ -26,8 +26,10 @@ import importlib
 _NAMES = {
     **dict.fromkeys(("CSS", "EXAMPLE_PROMPTS", "INTRO", "build_app", "render_pane", "render_stats", "serve_request"), ".app"),
     **dict.fromkeys(("DemoError", "Limits", "Settings", "check_context", "validate_request"), ".inputs"),
-    **dict.fromkeys(("DEFAULT_PAIRS", "EMBEDDED_PAIR", "ModelPair", "PairCache", "load_pair", "load_pairs", "pair_cache",
-                     "resolve_draft"), ".pairs"),
+    **dict.fromkeys(
+        ("DEFAULT_PAIRS", "EMBEDDED_PAIR", "ModelPair", "PairCache", "load_pair", "load_pairs", "pair_cache", "resolve_draft"),
+        ".pairs",
+    ),
     **dict.fromkeys(("Detokenizer", "LoadedPair", "Pane", "PaneView", "PlainDecoder", "Stopped", "race"), ".racing"),
 }
 __all__ = sorted(_NAMES)

@@ -17,11 +17,17 @@ from .racing import PaneView, race
 
 logger = logging.getLogger(__name__)
 
+DEFAULT_LIMITS = Limits()  # frozen: one shared default is safe
+
 EXAMPLE_PROMPTS = [
     ["Write a Python function that checks whether a string is a palindrome."],
     ["What is 17 multiplied by 23? Explain step by step."],
-    [("Summarize in two sentences: The Eiffel Tower was built for the 1889 World's Fair in Paris. It was first "
-      "criticised by artists, but it became the symbol of France and one of the most visited monuments.")],
+    [
+        (
+            "Summarize in two sentences: The Eiffel Tower was built for the 1889 World's Fair in Paris. It was first "
+            "criticised by artists, but it became the symbol of France and one of the most visited monuments."
+        )
+    ],
     ["Write a short poem about the ocean at night."],
     ["List five fruits that are rich in vitamin C."],
     ["Translate to French: Good morning, how are you today?"],
@@ -68,9 +74,11 @@ def render_pane(kind: str, view: PaneView | None, history: list[dict] = (), user
         head.append(f'<span class="e3-tps" data-tps="{view.tokens_per_second:.3f}">{view.tokens_per_second:.1f} tok/s</span>')
         meta = f"{view.new_tokens} tokens · {view.seconds:.2f} s"
         if kind == "eagle":
-            meta += (f' · mean acceptance <span class="e3-accept" data-accept="{view.mean_acceptance_length:.3f}">'
-                     f"{view.mean_acceptance_length:.2f}</span> tokens/step · "
-                     f'<span class="e3-drafted-count" data-drafted="{view.drafted_tokens}">{view.drafted_tokens}</span> from the draft')
+            meta += (
+                f' · mean acceptance <span class="e3-accept" data-accept="{view.mean_acceptance_length:.3f}">'
+                f"{view.mean_acceptance_length:.2f}</span> tokens/step · "
+                f'<span class="e3-drafted-count" data-drafted="{view.drafted_tokens}">{view.drafted_tokens}</span> from the draft'
+            )
         head.append(f'<span class="e3-meta">{meta}</span>')
     body = []
     for turn in history:
@@ -86,14 +94,19 @@ def render_pane(kind: str, view: PaneView | None, history: list[dict] = (), user
         elif view.state == "stopped":
             body.append('<div class="e3-meta">stopped</div>')
     if kind == "eagle":
-        body.append('<div class="e3-legend"><mark class="e3-drafted">highlighted</mark> = proposed by the draft and '
-                    "accepted by the target; the rest come from the target's own verification step.</div>")
-    return (f'<div class="e3-pane" data-kind="{kind}" data-state="{state}">'
-            f'<div class="e3-head">{"".join(head)}</div>{"".join(body)}</div>')
+        body.append(
+            '<div class="e3-legend"><mark class="e3-drafted">highlighted</mark> = proposed by the draft and '
+            "accepted by the target; the rest come from the target's own verification step.</div>"
+        )
+    return (
+        f'<div class="e3-pane" data-kind="{kind}" data-state="{state}">'
+        f'<div class="e3-head">{"".join(head)}</div>{"".join(body)}</div>'
+    )
 
 
-def render_stats(plain: PaneView | None, eagle: PaneView | None, greedy: bool = True, message: str | None = None,
-                 error: bool = False) -> str:
+def render_stats(
+    plain: PaneView | None, eagle: PaneView | None, greedy: bool = True, message: str | None = None, error: bool = False
+) -> str:
     """The summary row: speed-up, both speeds, mean acceptance length, the lossless check."""
     if message is not None:
         cls = "e3-status-error" if error else "e3-note"
@@ -115,11 +128,15 @@ def render_stats(plain: PaneView | None, eagle: PaneView | None, greedy: bool = 
     identical = done and plain.text == eagle.text
     if done and greedy:
         check = "identical ✓" if identical else "differ (see note)"
-        cells.append(f'<div class="e3-stat">Greedy outputs<b class="e3-lossless" data-identical="{int(identical)}">{check}</b></div>')
+        cells.append(
+            f'<div class="e3-stat">Greedy outputs<b class="e3-lossless" data-identical="{int(identical)}">{check}</b></div>'
+        )
     note = ""
     if done and greedy and not identical:
-        note = ('<div class="e3-note">At greedy the two texts should match. In bfloat16/float16 a multi-token '
-                "verification can round differently from one-token steps on near-ties; in float32 a difference is a bug.</div>")
+        note = (
+            '<div class="e3-note">At greedy the two texts should match. In bfloat16/float16 a multi-token '
+            "verification can round differently from one-token steps on near-ties; in float32 a difference is a bug.</div>"
+        )
     elif done and not greedy:
         note = '<div class="e3-note">Sampling (temperature &gt; 0): both follow the same distribution, the texts differ.</div>'
     state = "done" if done else "running"
@@ -127,8 +144,20 @@ def render_stats(plain: PaneView | None, eagle: PaneView | None, greedy: bool = 
 
 
 # ----------------------------------------------------------------------------------------- one request
-def serve_request(cache: PairCache, pair_name, prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens,
-                  chat_mode, history, limits: Limits = Limits(), keep=lambda: None):
+def serve_request(
+    cache: PairCache,
+    pair_name,
+    prompt,
+    max_new_tokens,
+    temperature,
+    depth,
+    tree_top_k,
+    total_tokens,
+    chat_mode,
+    history,
+    limits: Limits = DEFAULT_LIMITS,
+    keep=lambda: None,
+):
     """One Generate press: yields ``(plain_html, eagle_html, stats_html, history, prompt_box)`` pages while the race
     runs. ``keep()`` is the value that leaves an output as it is (``gr.update`` in the app).
 
@@ -138,8 +167,13 @@ def serve_request(cache: PairCache, pair_name, prompt, max_new_tokens, temperatu
     try:
         prompt, settings = validate_request(prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens, limits)
     except DemoError as e:
-        yield (render_pane("plain", None, history), render_pane("eagle", None, history),
-               render_stats(None, None, message=str(e), error=True), history, keep())
+        yield (
+            render_pane("plain", None, history),
+            render_pane("eagle", None, history),
+            render_stats(None, None, message=str(e), error=True),
+            history,
+            keep(),
+        )
         return
     with cache.turn():
         yield from _serve(cache, pair_name, prompt, settings, chat_mode, history, limits, keep)
@@ -150,10 +184,14 @@ def _serve(cache, pair_name, prompt, settings, chat_mode, history, limits, keep)
         loaded = cache.get(pair_name)
         plain_messages, eagle_messages = [], []
         for turn in history:  # each pane continues its own conversation
-            plain_messages += [{"role": "user", "content": turn["user"]},
-                               {"role": "assistant", "content": "".join(p for p, _ in turn["plain"])}]
-            eagle_messages += [{"role": "user", "content": turn["user"]},
-                               {"role": "assistant", "content": "".join(p for p, _ in turn["eagle"])}]
+            plain_messages += [
+                {"role": "user", "content": turn["user"]},
+                {"role": "assistant", "content": "".join(p for p, _ in turn["plain"])},
+            ]
+            eagle_messages += [
+                {"role": "user", "content": turn["user"]},
+                {"role": "assistant", "content": "".join(p for p, _ in turn["eagle"])},
+            ]
         plain_messages.append({"role": "user", "content": prompt})
         eagle_messages.append({"role": "user", "content": prompt})
         check_context(loaded, loaded.encode(plain_messages), loaded.encode(eagle_messages), settings=settings, limits=limits)
@@ -161,23 +199,35 @@ def _serve(cache, pair_name, prompt, settings, chat_mode, history, limits, keep)
         message = str(e) if isinstance(e, DemoError) else f"Could not start: {type(e).__name__}: {e}"
         if not isinstance(e, DemoError):
             logger.exception("demo request failed")
-        yield (render_pane("plain", None, history), render_pane("eagle", None, history),
-               render_stats(None, None, message=message, error=True), history, keep())
+        yield (
+            render_pane("plain", None, history),
+            render_pane("eagle", None, history),
+            render_stats(None, None, message=message, error=True),
+            history,
+            keep(),
+        )
         return
     greedy = settings.temperature == 0
     plain = eagle = None
     prompt_box = "" if chat_mode else keep()  # chat: empty the box once, for the next message
     try:
         for plain, eagle in race(loaded, plain_messages, eagle_messages, settings):
-            page = (render_pane("plain", plain, history, prompt), render_pane("eagle", eagle, history, prompt),
-                    render_stats(plain, eagle, greedy))
+            page = (
+                render_pane("plain", plain, history, prompt),
+                render_pane("eagle", eagle, history, prompt),
+                render_stats(plain, eagle, greedy),
+            )
             yield (*page, history, prompt_box)
             prompt_box = keep()
     except Exception as e:  # never a stack trace in the page
         logger.exception("demo generation failed")
-        yield (render_pane("plain", plain, history, prompt), render_pane("eagle", eagle, history, prompt),
-               render_stats(None, None, message=f"Generation failed: {type(e).__name__}: {e}", error=True),
-               history, keep())
+        yield (
+            render_pane("plain", plain, history, prompt),
+            render_pane("eagle", eagle, history, prompt),
+            render_stats(None, None, message=f"Generation failed: {type(e).__name__}: {e}", error=True),
+            history,
+            keep(),
+        )
         return
     if chat_mode and plain is not None and plain.state == eagle.state == "done":
         history = history + [{"user": prompt, "plain": plain.pieces, "eagle": eagle.pieces}]
@@ -196,7 +246,7 @@ is what that method gets alone here, and the two texts grow at the methods' true
 """
 
 
-def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16):
+def build_app(cache: PairCache, limits: Limits = DEFAULT_LIMITS, queue_size: int = 16):
     """The Gradio Blocks app. One generation runs at a time (the models are shared); others wait in the queue."""
     try:
         import gradio as gr
@@ -208,8 +258,20 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
         return render_stats(None, None, message=message, error=kind == "error")
 
     def generate(pair_name, prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens, chat_mode, history):
-        yield from serve_request(cache, pair_name, prompt, max_new_tokens, temperature, depth, tree_top_k, total_tokens,
-                                 chat_mode, history, limits=limits, keep=gr.update)
+        yield from serve_request(
+            cache,
+            pair_name,
+            prompt,
+            max_new_tokens,
+            temperature,
+            depth,
+            tree_top_k,
+            total_tokens,
+            chat_mode,
+            history,
+            limits=limits,
+            keep=gr.update,
+        )
 
     def clear():
         return render_pane("plain", None), render_pane("eagle", None), render_stats(None, None), []
@@ -233,27 +295,74 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
         history = gr.State([])
         with gr.Row():
             pair = gr.Dropdown(
-                choices=[(p.title, name) for name, p in cache.pairs.items()], value=cache.default,
-                label="Model pair (target + draft)", scale=3,
+                choices=[(p.title, name) for name, p in cache.pairs.items()],
+                value=cache.default,
+                label="Model pair (target + draft)",
+                scale=3,
             )
             chat_mode = gr.Checkbox(value=False, label="Chat mode (keep the conversation)", scale=1)
         with gr.Row():
-            prompt = gr.Textbox(label="Prompt", placeholder="Ask something…", lines=3, max_lines=12, scale=5,
-                                elem_id="prompt", max_length=limits.max_prompt_chars)
+            prompt = gr.Textbox(
+                label="Prompt",
+                placeholder="Ask something…",
+                lines=3,
+                max_lines=12,
+                scale=5,
+                elem_id="prompt",
+                max_length=limits.max_prompt_chars,
+            )
             with gr.Column(scale=1, min_width=160):
                 run_btn = gr.Button("Generate", variant="primary", elem_id="generate")
                 stop_btn = gr.Button("Stop", elem_id="stop")
                 clear_btn = gr.Button("Clear conversation", elem_id="clear")
-        gr.Examples(examples=EXAMPLE_PROMPTS, inputs=[prompt], label="Example prompts (code, math, summary, poem, list, translation, explanation)")
+        gr.Examples(
+            examples=EXAMPLE_PROMPTS,
+            inputs=[prompt],
+            label="Example prompts (code, math, summary, poem, list, translation, explanation)",
+        )
         with gr.Accordion("Settings", open=False, elem_id="settings"):
             with gr.Row():
-                max_new = gr.Slider(1, limits.max_new_tokens, value=min(96, limits.max_new_tokens), step=1, label="Max new tokens", elem_id="max-new-tokens")
-                temperature = gr.Slider(0.0, limits.max_temperature, value=min(default_pair.temperature, limits.max_temperature),
-                                        step=0.05, label="Temperature (0 = greedy)", elem_id="temperature")
+                max_new = gr.Slider(
+                    1,
+                    limits.max_new_tokens,
+                    value=min(96, limits.max_new_tokens),
+                    step=1,
+                    label="Max new tokens",
+                    elem_id="max-new-tokens",
+                )
+                temperature = gr.Slider(
+                    0.0,
+                    limits.max_temperature,
+                    value=min(default_pair.temperature, limits.max_temperature),
+                    step=0.05,
+                    label="Temperature (0 = greedy)",
+                    elem_id="temperature",
+                )
             with gr.Row():
-                depth = gr.Slider(1, limits.max_depth, value=min(tree["depth"], limits.max_depth), step=1, label="Tree depth (draft steps)", elem_id="depth")
-                tree_top_k = gr.Slider(1, limits.max_tree_top_k, value=min(tree["top_k"], limits.max_tree_top_k), step=1, label="Tree top-k (branches per node)", elem_id="tree-top-k")
-                total_tokens = gr.Slider(1, limits.max_total_tokens, value=min(tree["total_tokens"], limits.max_total_tokens), step=1, label="Tree total tokens (verified per step)", elem_id="total-tokens")
+                depth = gr.Slider(
+                    1,
+                    limits.max_depth,
+                    value=min(tree["depth"], limits.max_depth),
+                    step=1,
+                    label="Tree depth (draft steps)",
+                    elem_id="depth",
+                )
+                tree_top_k = gr.Slider(
+                    1,
+                    limits.max_tree_top_k,
+                    value=min(tree["top_k"], limits.max_tree_top_k),
+                    step=1,
+                    label="Tree top-k (branches per node)",
+                    elem_id="tree-top-k",
+                )
+                total_tokens = gr.Slider(
+                    1,
+                    limits.max_total_tokens,
+                    value=min(tree["total_tokens"], limits.max_total_tokens),
+                    step=1,
+                    label="Tree total tokens (verified per step)",
+                    elem_id="total-tokens",
+                )
         sampling = gr.State(default_pair.temperature > 0)
 
         def retree(t, was_sampling):
@@ -262,12 +371,14 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
             if now == was_sampling:
                 return gr.update(), gr.update(), gr.update(), was_sampling
             shape = mode_tree(t)
-            return (gr.update(value=min(shape["depth"], limits.max_depth)),
-                    gr.update(value=min(shape["top_k"], limits.max_tree_top_k)),
-                    gr.update(value=min(shape["total_tokens"], limits.max_total_tokens)), now)
+            return (
+                gr.update(value=min(shape["depth"], limits.max_depth)),
+                gr.update(value=min(shape["top_k"], limits.max_tree_top_k)),
+                gr.update(value=min(shape["total_tokens"], limits.max_total_tokens)),
+                now,
+            )
 
-        temperature.change(retree, [temperature, sampling], [depth, tree_top_k, total_tokens, sampling],
-                           show_progress="hidden")
+        temperature.change(retree, [temperature, sampling], [depth, tree_top_k, total_tokens, sampling], show_progress="hidden")
         stats = gr.HTML(render_stats(None, None), elem_id="stats")
         with gr.Row(equal_height=False):
             plain_pane = gr.HTML(render_pane("plain", None), elem_id="plain-pane")
@@ -275,17 +386,31 @@ def build_app(cache: PairCache, limits: Limits = Limits(), queue_size: int = 16)
 
         outputs = [plain_pane, eagle_pane, stats, history, prompt]
         event = gr.on(
-            triggers=[run_btn.click, prompt.submit], fn=generate,
+            triggers=[run_btn.click, prompt.submit],
+            fn=generate,
             inputs=[pair, prompt, max_new, temperature, depth, tree_top_k, total_tokens, chat_mode, history],
-            outputs=outputs, concurrency_limit=1, concurrency_id="decode", show_progress="minimal",
-            show_progress_on=[stats], api_name="generate",
+            outputs=outputs,
+            concurrency_limit=1,
+            concurrency_id="decode",
+            show_progress="minimal",
+            show_progress_on=[stats],
+            api_name="generate",
         )
-        stop_btn.click(lambda: render_stats(None, None, message="Stopped. Press Generate to run again."), outputs=[stats],
-                       cancels=[event], queue=False, api_name=False)
+        stop_btn.click(
+            lambda: render_stats(None, None, message="Stopped. Press Generate to run again."),
+            outputs=[stats],
+            cancels=[event],
+            queue=False,
+            api_name=False,
+        )
         clear_btn.click(clear, outputs=[plain_pane, eagle_pane, stats, history], api_name=False)
         chat_mode.change(clear, outputs=[plain_pane, eagle_pane, stats, history], api_name=False)
-        pair.change(lambda name: (*clear()[:2], pair_status(name), []), inputs=[pair],
-                    outputs=[plain_pane, eagle_pane, stats, history], api_name=False)
+        pair.change(
+            lambda name: (*clear()[:2], pair_status(name), []),
+            inputs=[pair],
+            outputs=[plain_pane, eagle_pane, stats, history],
+            api_name=False,
+        )
         app.load(pair_status, inputs=[pair], outputs=[stats], api_name=False, show_progress="hidden")
     app.queue(max_size=queue_size, default_concurrency_limit=1)
     return app

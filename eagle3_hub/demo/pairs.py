@@ -136,7 +136,7 @@ def load_pair(pair: ModelPair) -> LoadedPair:
     warm = Settings(max_new_tokens=4)
     hello = [{"role": "user", "content": "Hi"}]
     try:
-        for plain, eagle in race(loaded, hello, hello, warm):
+        for plain, eagle in race(loaded, hello, hello, warm):  # noqa: B007 (the last views are read below)
             pass
     except Exception as e:
         raise DemoError(f"Pair {pair.name!r} loaded but the warm-up generation failed: {type(e).__name__}: {e}") from e

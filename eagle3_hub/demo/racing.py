@@ -54,8 +54,9 @@ class PlainDecoder:
     forward over the new token with the KV cache, then argmax, or a sample at ``temperature``), without its
     per-step bookkeeping, so the baseline is not slowed by anything but the forward itself."""
 
-    def __init__(self, target, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool, temperature: float,
-                 eos_token_ids: list[int]):
+    def __init__(
+        self, target, input_ids: torch.Tensor, max_new_tokens: int, do_sample: bool, temperature: float, eos_token_ids: list[int]
+    ):
         from transformers.cache_utils import DynamicCache
 
         self.target = target
@@ -201,8 +202,16 @@ class Pane:
 
     def view(self) -> PaneView:
         with self._lock:
-            return PaneView(self.kind, self.state, list(self._detok.pieces), self.new_tokens, self.drafted_tokens,
-                            self.steps, self.seconds, self.error)
+            return PaneView(
+                self.kind,
+                self.state,
+                list(self._detok.pieces),
+                self.new_tokens,
+                self.drafted_tokens,
+                self.steps,
+                self.seconds,
+                self.error,
+            )
 
 
 def _strip_after_eos(ids: list[int], eos_token_ids: list[int]) -> list[int]:
@@ -212,8 +221,9 @@ def _strip_after_eos(ids: list[int], eos_token_ids: list[int]) -> list[int]:
     return ids
 
 
-def race(loaded: LoadedPair, plain_messages: list[dict], eagle_messages: list[dict], settings: Settings,
-         refresh_seconds: float = 0.1):
+def race(
+    loaded: LoadedPair, plain_messages: list[dict], eagle_messages: list[dict], settings: Settings, refresh_seconds: float = 0.1
+):
     """Run plain decoding and EAGLE-3 tree decoding side by side and measure each honestly.
 
     One decoding thread does both, so they never compete for the device (nor their thread pools for the CPU
@@ -237,8 +247,7 @@ def race(loaded: LoadedPair, plain_messages: list[dict], eagle_messages: list[di
     eagle_result = {}
 
     def work():
-        plain = PlainDecoder(loaded.target, plain_ids, settings.max_new_tokens, do_sample, temperature,
-                             loaded.eos_token_ids)
+        plain = PlainDecoder(loaded.target, plain_ids, settings.max_new_tokens, do_sample, temperature, loaded.eos_token_ids)
         plain_ok = True
 
         def plain_until(budget: float | None):
@@ -277,10 +286,19 @@ def race(loaded: LoadedPair, plain_messages: list[dict], eagle_messages: list[di
             plain_pane.set_state("running")
             mark = time.perf_counter()
             eagle_result["out"] = generate(
-                loaded.target, loaded.draft, eagle_ids, attention_mask=torch.ones_like(eagle_ids),
-                max_new_tokens=settings.max_new_tokens, do_sample=do_sample, temperature=temperature,
-                eos_token_id=loaded.eos_token_ids, tokenizer=tok, depth=settings.depth,
-                tree_top_k=settings.tree_top_k, total_tokens=settings.total_tokens, on_step=on_step,
+                loaded.target,
+                loaded.draft,
+                eagle_ids,
+                attention_mask=torch.ones_like(eagle_ids),
+                max_new_tokens=settings.max_new_tokens,
+                do_sample=do_sample,
+                temperature=temperature,
+                eos_token_id=loaded.eos_token_ids,
+                tokenizer=tok,
+                depth=settings.depth,
+                tree_top_k=settings.tree_top_k,
+                total_tokens=settings.total_tokens,
+                on_step=on_step,
             )
             eagle_pane.add_seconds(time.perf_counter() - mark)
             eagle_pane.set_state("done")
@@ -315,7 +333,7 @@ def race(loaded: LoadedPair, plain_messages: list[dict], eagle_messages: list[di
         thread.join()
         out = eagle_result.get("out")
         if out is not None and eagle_pane.state == "done":
-            final = _strip_after_eos(out.sequences[0, eagle_ids.shape[-1]:].tolist(), loaded.eos_token_ids)
+            final = _strip_after_eos(out.sequences[0, eagle_ids.shape[-1] :].tolist(), loaded.eos_token_ids)
             if final != eagle_pane.token_ids:
                 logger.warning("streamed EAGLE-3 tokens differ from the returned sequence; showing the sequence")
                 eagle_pane.replace_tokens(final)

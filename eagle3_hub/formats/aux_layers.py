@@ -50,7 +50,7 @@ def reference_convention(ids: list[int], num_target_layers: int | None = None) -
         return None
     for convention, first, last_gap, mid in (("output", 1, 4, lambda L: L // 2 - 1), ("input", 2, 3, lambda L: L // 2)):
         L = ids[2] + last_gap
-        if num_target_layers is not None and L != num_target_layers:
+        if num_target_layers is not None and num_target_layers != L:
             continue
         if L >= 8 and ids == [first, mid(L), L - last_gap]:
             return convention
@@ -106,14 +106,22 @@ def resolve_aux_layer_ids(
             logger.warning(
                 "%s: %s=%s are the EAGLE-3 reference's layers counted as layer %ss, so they are read as %ss "
                 "(the usual reading of this key is %ss). If that is wrong, %s.",
-                source, key, ids, found, found, usual, AUX_OVERRIDE_HINT,
+                source,
+                key,
+                ids,
+                found,
+                found,
+                usual,
+                AUX_OVERRIDE_HINT,
             )
         elif found is None and nested is not None:
             logger.warning(
                 "%s: %s=%s does not say whether the ids are target layer outputs (SGLang's Llama/Qwen path, SpecForge) "
                 "or inputs (vLLM, SGLang's DeepSeek path); reading them as outputs. If the draft was trained on layer "
                 "inputs, %s.",
-                source, key, ids, AUX_OVERRIDE_HINT,
+                source,
+                key,
+                ids,
+                AUX_OVERRIDE_HINT,
             )
     return from_vllm_aux_layer_ids(ids) if stated == "input" else ids
-

@@ -34,13 +34,16 @@ def check_destination(src, folder: Path, dst, force: bool) -> None:
     sources = {Path(folder).resolve()} | ({Path(src).resolve()} if Path(str(src)).exists() else set())
     for source in sources:
         if dst == source or dst in source.parents:
-            raise ValueError(f"{dst} {'is' if dst == source else 'holds'} the draft being converted ({source}): writing "
-                             "there would delete it. Give another destination folder.")
+            raise ValueError(
+                f"{dst} {'is' if dst == source else 'holds'} the draft being converted ({source}): writing "
+                "there would delete it. Give another destination folder."
+            )
     if force and dst.is_dir():
         found = _vcs_inside(dst)
         if found is not None:
-            raise ValueError(f"{dst} holds a version-control folder ({found}): --force never replaces one. Give "
-                             "another destination folder.")
+            raise ValueError(
+                f"{dst} holds a version-control folder ({found}): --force never replaces one. Give another destination folder."
+            )
 
 
 def _vcs_inside(folder: Path) -> Path | None:
@@ -87,9 +90,7 @@ def convert(
         if aux_layer_ids is not None:
             draft.config.aux_layer_ids = aux_layer_ids
     else:
-        draft = Eagle3DraftModel.from_pretrained(
-            str(folder), aux_layer_ids=aux_layer_ids, target=None, dtype="auto", **options
-        )
+        draft = Eagle3DraftModel.from_pretrained(str(folder), aux_layer_ids=aux_layer_ids, target=None, dtype="auto", **options)
         if draft.config.aux_layer_ids is None and L is not None:
             draft.config.aux_layer_ids = engine_default_aux_layer_ids(L)
         elif L is not None and aux_layer_ids is None:  # re-read ambiguous ids knowing the target's depth
@@ -114,7 +115,12 @@ def convert(
     if to == "vllm" and meta_target is not None and draft._embedding_missing:
         _carry_target_embedding(draft, target, meta_target)
     return export_draft(
-        draft, dst, to, verifier=verifier, num_speculative_tokens=num_speculative_tokens, force=force,
+        draft,
+        dst,
+        to,
+        verifier=verifier,
+        num_speculative_tokens=num_speculative_tokens,
+        force=force,
         verifier_architectures=meta_target.config.architectures if meta_target is not None else None,
     )
 

@@ -51,8 +51,11 @@ def _llama_layer_dict(config: Eagle3Config) -> dict:
         "pad_token_id": config.pad_token_id,
         "torch_dtype": dtype,
         # written only where a layer slides: the single-layer reference's config stays as engines always read it
-        **({"layer_types": list(config.layer_types), "sliding_window": config.sliding_window}
-           if "sliding_attention" in config.layer_types else {}),
+        **(
+            {"layer_types": list(config.layer_types), "sliding_window": config.sliding_window}
+            if "sliding_attention" in config.layer_types
+            else {}
+        ),
     }
 
 
@@ -119,7 +122,9 @@ def engine_config(
         logger.warning(
             "aux layer %d is the output of the target's last layer: vLLM captures it before the target's final norm "
             "(hidden + residual), transformers' hidden_states[%d] (what this draft read here) after it; expect lower "
-            "acceptance in vLLM unless the draft was trained on the un-normalised state.", max(ids), L,
+            "acceptance in vLLM unless the draft was trained on the un-normalised state.",
+            max(ids),
+            L,
         )
     return {
         "architectures": ["Eagle3Speculator"],
@@ -127,8 +132,12 @@ def engine_config(
         "speculators_config": {
             "algorithm": "eagle3",
             "proposal_methods": [
-                {"proposal_type": "greedy", "speculative_tokens": int(num_speculative_tokens),
-                 "verifier_accept_k": 1, "accept_tolerance": 0.0}
+                {
+                    "proposal_type": "greedy",
+                    "speculative_tokens": int(num_speculative_tokens),
+                    "verifier_accept_k": 1,
+                    "accept_tolerance": 0.0,
+                }
             ],
             "default_proposal_method": "greedy",
             "verifier": {"name_or_path": verifier, "architectures": list(verifier_architectures or [])},
@@ -187,7 +196,7 @@ def export_draft(
         if to == "vllm" and not verifier:
             logger.warning(
                 "No --verifier given: the speculators config names no target, so `vllm serve DRAFT` cannot find "
-                "it; serve with --speculative-config '{\"model\": DRAFT, \"method\": \"eagle3\"}' instead."
+                'it; serve with --speculative-config \'{"model": DRAFT, "method": "eagle3"}\' instead.'
             )
     try:
         with atomic_dir(dst) as tmp:
@@ -218,8 +227,7 @@ def _write_engine_folder(model, folder: Path, to: str, config: dict, save_embedd
         if name in skip:
             continue
         if to == "vllm" and name.startswith("midlayer."):
-            name = "layers.0." + name[len("midlayer."):]
+            name = "layers.0." + name[len("midlayer.") :]
         state[name] = tensor.detach().to("cpu").contiguous()
     save_file(state, str(folder / "model.safetensors"), metadata={"format": "pt"})
     atomic_write_json(folder / "config.json", config, indent=2)
-

@@ -55,8 +55,11 @@ def resolve_folder(
             names = HfApi().list_repo_files(str(path_or_repo), revision=revision, token=token)
         except Exception:  # offline or no access: the plain "no weights" error follows
             names = []
-        pickles = sorted(n[len(prefix):] for n in names if n.startswith(prefix) and "/" not in n[len(prefix):]
-                         and n.endswith(PICKLE_SUFFIXES))
+        pickles = sorted(
+            n[len(prefix) :]
+            for n in names
+            if n.startswith(prefix) and "/" not in n[len(prefix) :] and n.endswith(PICKLE_SUFFIXES)
+        )
         if pickles:
             raise ValueError(_pickle_message(f"The Hub repo {path_or_repo}", pickles))
     return folder
@@ -123,7 +126,6 @@ def tensor_shapes(folder: Path) -> dict[str, tuple[tuple[int, ...], str]]:
                 "draft again."
             ) from None
     return shapes
-
 
 
 def read_embedding(path_or_repo: str | os.PathLike, name: str):

@@ -28,8 +28,7 @@ def detect_layout(config: dict, shapes: dict | None = None, source: str = "this 
         kind = config.get("speculators_model_type")
         if kind != "eagle3":
             raise ValueError(
-                f"{source} is a speculators '{kind}' checkpoint, not an EAGLE-3 draft "
-                "(speculators_model_type must be 'eagle3')."
+                f"{source} is a speculators '{kind}' checkpoint, not an EAGLE-3 draft (speculators_model_type must be 'eagle3')."
             )
         return "speculators"
     model_type = config.get("model_type")
@@ -69,7 +68,7 @@ def variant_flags(config: dict, layout: str, source: str = "this checkpoint") ->
     if layout == "speculators" and "norm_before_residual" not in config:
         logger.warning(
             "%s: the speculators config has no norm_before_residual. The speculators library reads it as False (used "
-            "here), vLLM as True, so vLLM would serve a different draft. Add \"norm_before_residual\": false (or true, "
+            'here), vLLM as True, so vLLM would serve a different draft. Add "norm_before_residual": false (or true, '
             "if the draft was trained so) to its config.json, or `eagle3-hub convert` it: our folders state it.",
             source,
         )
@@ -111,7 +110,9 @@ def _check_structure(config: dict, source: str):
             "or train a text-only draft (rope without mrope_section)."
         )
     if config.get("tie_word_embeddings"):
-        raise ValueError(f"{source} ties lm_head to embed_tokens; an EAGLE-3 draft has its own lm_head over the draft vocabulary.")
+        raise ValueError(
+            f"{source} ties lm_head to embed_tokens; an EAGLE-3 draft has its own lm_head over the draft vocabulary."
+        )
     # SpecForge's MoE drafts (e.g. Qwen3MoEForCausalLMEagle3) keep the Llama config keys: without this they would be
     # read as a dense layer and fail later on a list of unexpected expert tensors
     experts = {k: config[k] for k in MOE_KEYS if isinstance(config.get(k), int) and config[k] > 0}
@@ -132,9 +133,21 @@ def _llama_kwargs(layer: dict, source: str) -> dict:
     kwargs = {
         k: layer[k]
         for k in (
-            "vocab_size", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads",
-            "head_dim", "hidden_act", "max_position_embeddings", "rms_norm_eps", "attention_bias", "mlp_bias",
-            "bos_token_id", "eos_token_id", "pad_token_id", "num_hidden_layers",
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "hidden_act",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "attention_bias",
+            "mlp_bias",
+            "bos_token_id",
+            "eos_token_id",
+            "pad_token_id",
+            "num_hidden_layers",
         )
         if layer.get(k) is not None
     }
@@ -222,10 +235,10 @@ def _key_mapping() -> dict[str, str]:
 
 def _our_name(name: str) -> str:
     if name.startswith("layers.0."):
-        return "midlayer." + name[len("layers.0."):]
+        return "midlayer." + name[len("layers.0.") :]
     for old, new in _LEGACY_NAMES.items():
         if name.startswith(old):
-            return new + name[len(old):]
+            return new + name[len(old) :]
     return name
 
 
@@ -341,7 +354,8 @@ def load_foreign_draft(
     if config.aux_layer_ids is None:
         logger.warning(
             "%s does not list its aux layers; pass `target=` (the engines' default for its depth is used) or "
-            "`aux_layer_ids=` before binding it.", source,
+            "`aux_layer_ids=` before binding it.",
+            source,
         )
     has_embedding = check_tensors(cls, config, shapes, layout, source)
     for k in (*_HUB_KWARGS, "config", "use_safetensors", "key_mapping", "trust_remote_code"):
@@ -351,8 +365,14 @@ def load_foreign_draft(
 
     load = PreTrainedModel.from_pretrained.__func__  # transformers' loader, not our override
     model, info = load(
-        cls, str(folder), *args, config=config, key_mapping=_key_mapping(), use_safetensors=True,
-        output_loading_info=True, **kwargs,
+        cls,
+        str(folder),
+        *args,
+        config=config,
+        key_mapping=_key_mapping(),
+        use_safetensors=True,
+        output_loading_info=True,
+        **kwargs,
     )
     # check_tensors allowed these to be absent: no embedding (the target's), no maps (full vocabulary, identity)
     allowed = {"embed_tokens.weight", "d2t", "t2d"}
@@ -365,4 +385,3 @@ def load_foreign_draft(
     model._weight_conversions = None  # save in our layout, not back in the one it was loaded from
     model.config.architectures = ["Eagle3DraftModel"]
     return (model, info) if output_loading_info else model
-

@@ -96,4 +96,3 @@ def _drop_tensors(folder: Path, names: tuple[str, ...]):
         state = {k: v for k, v in load_file(str(file)).items() if k not in names}
         with atomic_path(file, suffix=".safetensors") as tmp:
             save_file(state, str(tmp), metadata=metadata)
-

@@ -42,8 +42,8 @@ class LengthGroupedBatches(torch.utils.data.Sampler):
         span = self.batch_size * self.group
         batches = []
         for start in range(0, len(order), span):
-            chunk = sorted(order[start:start + span], key=lambda i: -self.lengths[i])
-            batches += [chunk[b:b + self.batch_size] for b in range(0, len(chunk), self.batch_size)]
+            chunk = sorted(order[start : start + span], key=lambda i: -self.lengths[i])
+            batches += [chunk[b : b + self.batch_size] for b in range(0, len(chunk), self.batch_size)]
         for b in torch.randperm(len(batches), generator=self.generator).tolist():
             yield batches[b]
 
@@ -76,18 +76,27 @@ def collate_packed(batch: list[dict], pad_id: int, capacity: int) -> dict:
         start = 0
         for d, i in enumerate(row, 1):
             ex, n = batch[i], len(batch[i]["input_ids"])
-            ids[r, start:start + n] = torch.tensor(ex["input_ids"])
-            att[r, start:start + n] = 1
-            lm[r, start:start + n] = torch.tensor(ex["loss_mask"])
+            ids[r, start : start + n] = torch.tensor(ex["input_ids"])
+            att[r, start : start + n] = 1
+            lm[r, start : start + n] = torch.tensor(ex["loss_mask"])
             lm[r, start] = 0  # nothing in the sample precedes its first token: the row before it belongs to another
-            pos[r, start:start + n] = torch.arange(n)
-            doc[r, start:start + n] = d
+            pos[r, start : start + n] = torch.arange(n)
+            doc[r, start : start + n] = d
             index.append(ex["index"])
             where.append((r, start, n))
             start += n
     row_, start_, length_ = torch.tensor(where).T
-    return {"input_ids": ids, "attention_mask": att, "loss_mask": lm, "position_ids": pos, "document_ids": doc,
-            "index": torch.tensor(index), "doc_row": row_, "doc_start": start_, "doc_length": length_}
+    return {
+        "input_ids": ids,
+        "attention_mask": att,
+        "loss_mask": lm,
+        "position_ids": pos,
+        "document_ids": doc,
+        "index": torch.tensor(index),
+        "doc_row": row_,
+        "doc_start": start_,
+        "doc_length": length_,
+    }
 
 
 def unpack_batch(batch: dict) -> dict:
@@ -96,7 +105,7 @@ def unpack_batch(batch: dict) -> dict:
     out = {k: batch[k].new_zeros((n, s)) for k in ("input_ids", "attention_mask", "loss_mask")}
     for j, (r, start, length) in enumerate(zip(*(batch[k].tolist() for k in ("doc_row", "doc_start", "doc_length")))):
         for k in out:
-            out[k][j, :length] = batch[k][r, start:start + length]
+            out[k][j, :length] = batch[k][r, start : start + length]
     out["index"] = batch["index"]
     return out
 
@@ -106,7 +115,7 @@ def pack_like(x: torch.Tensor, batch: dict) -> torch.Tensor:
     padding)."""
     out = x.new_zeros(batch["input_ids"].shape + x.shape[2:])
     for j, (r, start, length) in enumerate(zip(*(batch[k].tolist() for k in ("doc_row", "doc_start", "doc_length")))):
-        out[r, start:start + length] = x[j, :length]
+        out[r, start : start + length] = x[j, :length]
     return out
 
 
@@ -125,10 +134,10 @@ class PackedBatches(torch.utils.data.Sampler):
         order = torch.randperm(len(self.lengths), generator=generator).tolist()
         batches = []
         for start in range(0, len(order), self.span):
-            chunk = order[start:start + self.span]
+            chunk = order[start : start + self.span]
             packed = pack_rows([self.lengths[i] for i in chunk], self.capacity)
             for b in range(0, len(packed), self.rows):
-                batches.append([chunk[i] for row in packed[b:b + self.rows] for i in row])
+                batches.append([chunk[i] for row in packed[b : b + self.rows] for i in row])
         return batches
 
     def __len__(self) -> int:  # of the epoch the generator's seed gives (others differ by a batch or so)
@@ -150,8 +159,9 @@ def make_loaders(train_ds, eval_ds, t: dict, pad_id: int, accelerator) -> tuple[
     if t["packing"]:
         capacity = t["pack_tokens"] or max(lengths)
         sampler = PackedBatches(lengths, t["batch_size"], capacity, generator)
-        train_loader = DataLoader(train_ds, batch_sampler=sampler,
-                                  collate_fn=partial(collate_packed, pad_id=pad_id, capacity=capacity))
+        train_loader = DataLoader(
+            train_ds, batch_sampler=sampler, collate_fn=partial(collate_packed, pad_id=pad_id, capacity=capacity)
+        )
     elif t["group_by_length"]:
         sampler = LengthGroupedBatches(lengths, t["batch_size"], generator)
         train_loader = DataLoader(train_ds, batch_sampler=sampler, collate_fn=pad)

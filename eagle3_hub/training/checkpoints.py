@@ -109,13 +109,13 @@ def recover(ckpt_root: Path) -> None:
     if not ckpt_root.is_dir():
         return
     for tmp in sorted(ckpt_root.glob(".tmp-step-*")):
-        final = ckpt_root / tmp.name[len(".tmp-"):]
+        final = ckpt_root / tmp.name[len(".tmp-") :]
         if not final.exists() and read_state(tmp) is not None:
             os.replace(tmp, final)
         else:
             shutil.rmtree(tmp, ignore_errors=True)
     for old in sorted(ckpt_root.glob(".old-step-*")):
-        final = ckpt_root / old.name[len(".old-"):]
+        final = ckpt_root / old.name[len(".old-") :]
         if not final.exists() and read_state(old) is not None:
             os.replace(old, final)
         else:
@@ -187,7 +187,8 @@ def claim_work_dir(work: Path, identity: dict, resume: bool, overwrite: bool) ->
                 raise ValueError(
                     f"--overwrite moves the run in {work} aside, its draft {work / name} included, but this recipe "
                     f"continues that draft (draft.init_from: {init}): copy it out of {work} and point draft.init_from "
-                    "there, or give another work_dir.")
+                    "there, or give another work_dir."
+                )
         return str(work / f"previous-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         recorded = json.loads((work / RUN_FILE).read_text())
@@ -199,12 +200,14 @@ def claim_work_dir(work: Path, identity: dict, resume: bool, overwrite: bool) ->
         raise ValueError(
             f"{work} already holds checkpoints of this recipe (up to step {newest[1]['step']}): pass --resume to "
             f"continue that run, --overwrite to move it aside to {work}/previous-<time> and start again, or give "
-            "another work_dir.")
+            "another work_dir."
+        )
     what = "an unrecorded run" if "run_id" not in newest[1] else f"another run ({_describe(identity, other)})"
     raise ValueError(
         f"{work} holds checkpoints of {what}, up to step {newest[1]['step']}: "
         + ("resume it with the recipe that started it, " if resume else "")
-        + f"pass --overwrite to move that run aside to {work}/previous-<time>, or give another work_dir.")
+        + f"pass --overwrite to move that run aside to {work}/previous-<time>, or give another work_dir."
+    )
 
 
 def _run_drafts(work: Path) -> list[str]:
@@ -253,5 +256,21 @@ def finished_run(recipe: dict) -> bool:
     return done.get("run_id", None) in (None, run_id(run_identity(recipe)))  # None: written before run ids
 
 
-__all__ = ["FINISHED", "RUN_FILE", "STATE_FILE", "claim_work_dir", "finished_run", "latest_checkpoint", "move_aside", "prune",
-           "read_state", "record_run", "recover", "run_id", "run_identity", "save_checkpoint", "swap_in", "whole_checkpoints"]
+__all__ = [
+    "FINISHED",
+    "RUN_FILE",
+    "STATE_FILE",
+    "claim_work_dir",
+    "finished_run",
+    "latest_checkpoint",
+    "move_aside",
+    "prune",
+    "read_state",
+    "record_run",
+    "recover",
+    "run_id",
+    "run_identity",
+    "save_checkpoint",
+    "swap_in",
+    "whole_checkpoints",
+]

@@ -20,8 +20,9 @@ def read_history(path: str | Path) -> list[dict]:
     path = Path(path)
     file = path / "eval_metrics.json" if path.is_dir() else path
     if not file.is_file():
-        raise FileNotFoundError(f"{file} not found: give a training work_dir (it writes eval_metrics.json at each "
-                                "evaluation) or the file itself")
+        raise FileNotFoundError(
+            f"{file} not found: give a training work_dir (it writes eval_metrics.json at each evaluation) or the file itself"
+        )
     return json.loads(file.read_text())["eval_history"]
 
 
@@ -33,13 +34,22 @@ def curve_points(paths: list[str | Path], tokens_per_step: float | None = None) 
         history = read_history(path)
         for h in history:
             if "tokens" not in h and tokens_per_step is None:
-                raise ValueError(f"{path}: its evaluations do not record their tokens (an older run): pass "
-                                 "tokens_per_step (--tokens-per-step), e.g. batch_size x grad_accum x mean sample length")
+                raise ValueError(
+                    f"{path}: its evaluations do not record their tokens (an older run): pass "
+                    "tokens_per_step (--tokens-per-step), e.g. batch_size x grad_accum x mean sample length"
+                )
             tokens = h["tokens"] if "tokens" in h else h["step"] * tokens_per_step
-            points.append({"run": str(path), "tokens": offset + tokens, "step": h["step"],
-                           "step1_accuracy": h["step_accuracy"][0], "greedy": h["expected_acceptance_length"],
-                           "T=0.7": (h.get("expected_acceptance_length_at") or {}).get("0.7"),
-                           "T=1": h.get("expected_acceptance_length_sampled")})
+            points.append(
+                {
+                    "run": str(path),
+                    "tokens": offset + tokens,
+                    "step": h["step"],
+                    "step1_accuracy": h["step_accuracy"][0],
+                    "greedy": h["expected_acceptance_length"],
+                    "T=0.7": (h.get("expected_acceptance_length_at") or {}).get("0.7"),
+                    "T=1": h.get("expected_acceptance_length_sampled"),
+                }
+            )
         if points:
             offset = points[-1]["tokens"]
     return points
@@ -79,6 +89,7 @@ def plot_curve(points: list[dict], path: str | Path, title: str = "") -> Path:
 
 def curve_table(points: list[dict]) -> str:
     """A Markdown table of the points."""
+
     def cell(v):
         return "" if v is None else f"{v:.3f}" if isinstance(v, float) else str(v)
 

@@ -27,14 +27,30 @@ from .sources import DataError, dedupe, load_source, prompt_key
 GENERATION_REPORT = "generation_report.json"  # in build_conversations' work_dir, next to the data report
 
 
-def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, seed: int = 0,
-                        synthesize: int = 0, regenerate_responses: bool = True, max_new_tokens: int = 384,
-                        temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1,
-                        min_chars: int = 1, max_chars: int = 20000, strip_patterns: list[str] | None = None,
-                        synthesize_seed: int | None = None, synthesize_openers: list[str] | None = None,
-                        synthesize_batch_size: int = 16, regenerate_with: str = "generate",
-                        regenerate_draft: str | None = None, target_name: str | None = None,
-                        answer_sampling: list[dict] | None = None, max_repeat_share: float | None = None) -> Dataset:
+def build_conversations(
+    sources: list,
+    target,
+    tokenizer,
+    work_dir: str | Path,
+    seed: int = 0,
+    synthesize: int = 0,
+    regenerate_responses: bool = True,
+    max_new_tokens: int = 384,
+    temperature: float = 0.0,
+    batch_size: int = 16,
+    max_turns: int = 1,
+    min_chars: int = 1,
+    max_chars: int = 20000,
+    strip_patterns: list[str] | None = None,
+    synthesize_seed: int | None = None,
+    synthesize_openers: list[str] | None = None,
+    synthesize_batch_size: int = 16,
+    regenerate_with: str = "generate",
+    regenerate_draft: str | None = None,
+    target_name: str | None = None,
+    answer_sampling: list[dict] | None = None,
+    max_repeat_share: float | None = None,
+) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
     answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes.
 
@@ -109,14 +125,30 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
         name = f"synth-seed{sseed}"
         if synthesize_openers:  # other openers, other prompts: their own cache
             name += "-openers-" + hashlib.sha1(json.dumps(synthesize_openers).encode()).hexdigest()[:8]
-        synth = synthesize_prompts(target, tokenizer, synthesize, work_dir / f"{name}.jsonl", seed=sseed,
-                                   openers=synthesize_openers, batch_size=synthesize_batch_size,
-                                   draft=draft_for(1.0), report=calls.setdefault(f"{name}.jsonl", {}))
+        synth = synthesize_prompts(
+            target,
+            tokenizer,
+            synthesize,
+            work_dir / f"{name}.jsonl",
+            seed=sseed,
+            openers=synthesize_openers,
+            batch_size=synthesize_batch_size,
+            draft=draft_for(1.0),
+            report=calls.setdefault(f"{name}.jsonl", {}),
+        )
         if not regenerate_responses:  # the dataset's answers are kept, but synthesised prompts have none yet
             cache = f"answers-{name}-{synthesize}-{max_new_tokens}.jsonl"
-            synth = regenerate(synth, target, tokenizer, work_dir / cache, max_new_tokens=max_new_tokens,
-                               temperature=temperature, batch_size=batch_size, draft=draft_for(temperature),
-                               report=calls.setdefault(cache, {}))
+            synth = regenerate(
+                synth,
+                target,
+                tokenizer,
+                work_dir / cache,
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                batch_size=batch_size,
+                draft=draft_for(temperature),
+                report=calls.setdefault(cache, {}),
+            )
             kept.append(synth)
         else:
             fresh.append(synth)
@@ -154,10 +186,22 @@ def build_conversations(sources: list, target, tokenizer, work_dir: str | Path, 
         # outlives a change of decoder
         how = f"{temperature}" if not settings else f"{[st.tag + ':' + str(st.share) for st in settings]}:{seed}"
         key = hashlib.sha1(f"{ds._fingerprint}:{who}:{max_new_tokens}:{how}:{max_turns}".encode()).hexdigest()[:10]
-        out.append(regenerate(ds, target, tokenizer, work_dir / f"regen-{key}.jsonl", max_new_tokens=max_new_tokens,
-                              temperature=temperature, batch_size=batch_size, max_turns=max_turns,
-                              draft=draft_for(0.0 if settings else temperature), settings=settings, seed=seed,
-                              report=calls.setdefault(f"regen-{key}.jsonl", {})))
+        out.append(
+            regenerate(
+                ds,
+                target,
+                tokenizer,
+                work_dir / f"regen-{key}.jsonl",
+                max_new_tokens=max_new_tokens,
+                temperature=temperature,
+                batch_size=batch_size,
+                max_turns=max_turns,
+                draft=draft_for(0.0 if settings else temperature),
+                settings=settings,
+                seed=seed,
+                report=calls.setdefault(f"regen-{key}.jsonl", {}),
+            )
+        )
     if kept:
         out.append(clean(kept))
     both = any(st.temperature > 0 for st in settings)  # sampled answers of prompts a kept source answers too
@@ -185,8 +229,12 @@ def cut_loops(ds: Dataset, tokenizer, max_share: float | None, min_chars: int = 
     position, so only the tokens after the loop's first time leave the data. Returns the data (``ds`` itself when
     nothing changed) and counts for the generation report."""
     rows = ds["messages"]
-    where = [(r, t) for r, msgs in enumerate(rows) for t, m in enumerate(msgs)
-             if m["role"] == "assistant" or (max_share is not None and t == _first_user(msgs))]
+    where = [
+        (r, t)
+        for r, msgs in enumerate(rows)
+        for t, m in enumerate(msgs)
+        if m["role"] == "assistant" or (max_share is not None and t == _first_user(msgs))
+    ]
     measured = _measure([rows[r][t]["content"] for r, t in where], tokenizer, max_share)
     by = dict(zip(where, measured))  # (share, tokens, ids, offsets): ids and offsets of the texts to cut only
     answers = [m for rt, m in by.items() if rows[rt[0]][rt[1]]["role"] == "assistant"]
@@ -223,9 +271,11 @@ def cut_loops(ds: Dataset, tokenizer, max_share: float | None, min_chars: int = 
         kept_answers += mine
         out.append(kept)
     report.update(counts, loop_share_kept=_pooled_share(kept_answers))
-    print(f"{line}; above {max_share}: {counts['cut']} cut where the loop begins, {counts['dropped']} samples dropped "
-          f"(looping from the start), {counts['dropped_prompts']} for a looping prompt; {report['loop_share_kept']:.1%} "
-          "of the kept answers' n-grams repeat")
+    print(
+        f"{line}; above {max_share}: {counts['cut']} cut where the loop begins, {counts['dropped']} samples dropped "
+        f"(looping from the start), {counts['dropped_prompts']} for a looping prompt; {report['loop_share_kept']:.1%} "
+        "of the kept answers' n-grams repeat"
+    )
     if not any(counts.values()):
         return ds, report
     return Dataset.from_list([{"messages": m} for m in out]), report
@@ -237,7 +287,7 @@ def _measure(texts: list[str], tokenizer, max_share: float | None, chunk: int = 
     offsets = max_share is not None and getattr(tokenizer, "is_fast", False)  # where each token starts in the text
     out = []
     for a in range(0, len(texts), chunk):
-        enc = tokenizer(texts[a:a + chunk], add_special_tokens=False, return_offsets_mapping=offsets)
+        enc = tokenizer(texts[a : a + chunk], add_special_tokens=False, return_offsets_mapping=offsets)
         for k, ids in enumerate(enc["input_ids"]):
             share = repeated_ngram_share(ids)
             above = max_share is not None and share > max_share
@@ -257,8 +307,7 @@ def _pooled_share(answers: list[tuple]) -> float:
     return round(sum(round(share * n) for share, n in counts) / total, 4) if total else 0.0
 
 
-def _record_calls(path: Path, calls: dict[str, dict], regenerate_with: str, draft: str | None,
-                  loops: dict | None = None) -> None:
+def _record_calls(path: Path, calls: dict[str, dict], regenerate_with: str, draft: str | None, loops: dict | None = None) -> None:
     """Append the calls that generated something to the generation report, with the assembled data's ``loops``
     (``cut_loops``). A rerun from the caches, or data that needed no generation, adds no call: the report names a
     decoder only when it wrote something; it is written for ``loops`` alone only where it exists or a
@@ -277,4 +326,3 @@ def _record_calls(path: Path, calls: dict[str, dict], regenerate_with: str, draf
     if loops:
         log["loops"] = loops
     atomic_write_json(path, log)
-

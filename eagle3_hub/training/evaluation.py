@@ -22,8 +22,17 @@ def evaluate(draft, loader, recipe, features, accelerator) -> dict:
         aux, logits = features(batch, draft)
         with accelerator.autocast():
             out = objective(draft, aux, batch, logits, t, EVAL_TEMPERATURES)
-        vals = [out.loss.detach() * out.chain_count, out.step_correct, out.step_count, out.chain_correct, out.chain_count,
-                out.step_trained, out.step_alpha, out.chain_alpha, out.chain_alpha_at]
+        vals = [
+            out.loss.detach() * out.chain_count,
+            out.step_correct,
+            out.step_count,
+            out.chain_correct,
+            out.chain_count,
+            out.step_trained,
+            out.step_alpha,
+            out.chain_alpha,
+            out.chain_alpha_at,
+        ]
         sums = vals if sums is None else [a + b for a, b in zip(sums, vals)]
     draft.train()
     sums = [accelerator.reduce(v.float(), "sum") for v in sums]
@@ -35,14 +44,24 @@ def evaluate(draft, loader, recipe, features, accelerator) -> dict:
 
 def report_eval(m: dict, step: int, accelerator) -> None:
     """The held-out metrics of ``step`` to the trackers (tensorboard) and as one ``[eval]`` line."""
-    accelerator.log({"eval/loss": m["loss"], "eval/acceptance_length": m["expected_acceptance_length"],
-                     "eval/masked_share": m["masked_share"], "eval/acceptance_length_sampled": m["expected_acceptance_length_sampled"],
-                     **{f"eval/acceptance_length_T{t}": v for t, v in m["expected_acceptance_length_at"].items()},
-                     **{f"eval/acc_{k}": a for k, a in enumerate(m["step_accuracy"])}}, step=step)
-    accelerator.print(f"[eval] step {step}: loss {m['loss']:.3f}, expected acceptance length "
-                      f"{m['expected_acceptance_length']:.2f}, step accuracy " + " ".join(f"{a:.2f}" for a in m["step_accuracy"])
-                      + "".join(f", at T={t} {v:.2f}" for t, v in m["expected_acceptance_length_at"].items())
-                      + f", at T=1 {m['expected_acceptance_length_sampled']:.2f}, masked {m['masked_share']:.1%}")
+    accelerator.log(
+        {
+            "eval/loss": m["loss"],
+            "eval/acceptance_length": m["expected_acceptance_length"],
+            "eval/masked_share": m["masked_share"],
+            "eval/acceptance_length_sampled": m["expected_acceptance_length_sampled"],
+            **{f"eval/acceptance_length_T{t}": v for t, v in m["expected_acceptance_length_at"].items()},
+            **{f"eval/acc_{k}": a for k, a in enumerate(m["step_accuracy"])},
+        },
+        step=step,
+    )
+    accelerator.print(
+        f"[eval] step {step}: loss {m['loss']:.3f}, expected acceptance length "
+        f"{m['expected_acceptance_length']:.2f}, step accuracy "
+        + " ".join(f"{a:.2f}" for a in m["step_accuracy"])
+        + "".join(f", at T={t} {v:.2f}" for t, v in m["expected_acceptance_length_at"].items())
+        + f", at T=1 {m['expected_acceptance_length_sampled']:.2f}, masked {m['masked_share']:.1%}"
+    )
 
 
 # Positions whose target token lies outside the draft vocabulary are masked out of the loss. Answers written by the
@@ -62,10 +81,13 @@ def check_masked_share(share: float, steps: int, recipe: dict, vocab_size: int) 
     if share < MASKED_WARN:
         return None
     d = recipe["draft"]
-    fix = ("set data.regenerate: true so that the target writes the answers"
-           + (", or draft.reselect_vocab: true" if d["init_from"] else ", or raise draft.draft_vocab_size"))
-    what = (f"{share:.1%} of the positions to learn in the first {steps} step(s) are masked out: the target's next "
-            f"token there lies outside the draft vocabulary ({vocab_size} tokens)")
+    fix = "set data.regenerate: true so that the target writes the answers" + (
+        ", or draft.reselect_vocab: true" if d["init_from"] else ", or raise draft.draft_vocab_size"
+    )
+    what = (
+        f"{share:.1%} of the positions to learn in the first {steps} step(s) are masked out: the target's next "
+        f"token there lies outside the draft vocabulary ({vocab_size} tokens)"
+    )
     if share >= MASKED_STOP:
         raise ValueError(f"{what}, so the draft learns (nearly) nothing. The data's answers are not the target's own: {fix}.")
     return f"[warn] {what}. If the data's answers were not written by this target: {fix}."

@@ -33,9 +33,15 @@ from .ttt import TargetScores, draft_token_ids, target_logit_positions
 
 
 @torch.no_grad()
-def aux_features(target, input_ids, attention_mask, aux_layer_ids, logits_at: torch.Tensor | None = None,
-                 draft_ids: torch.Tensor | None = None, position_ids: torch.Tensor | None = None
-                 ) -> tuple[torch.Tensor, torch.Tensor | TargetScores]:
+def aux_features(
+    target,
+    input_ids,
+    attention_mask,
+    aux_layer_ids,
+    logits_at: torch.Tensor | None = None,
+    draft_ids: torch.Tensor | None = None,
+    position_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | TargetScores]:
     """(b, s, 3*H) aux features (outputs of the aux decoder layers) and the target's logits: (b, s, V), or their
     ``TargetScores`` when ``draft_ids`` (the draft vocabulary's target ids) is given.
 
@@ -45,15 +51,25 @@ def aux_features(target, input_ids, attention_mask, aux_layer_ids, logits_at: to
     position_ids: of packed rows (restarting at each sample), with ``attention_mask`` None: transformers then keeps
     attention within each sample."""
     if position_ids is not None:
-        out = target(input_ids=input_ids, position_ids=position_ids, output_hidden_states=True, use_cache=False,
-                     logits_to_keep=no_logits(input_ids.device))
+        out = target(
+            input_ids=input_ids,
+            position_ids=position_ids,
+            output_hidden_states=True,
+            use_cache=False,
+            logits_to_keep=no_logits(input_ids.device),
+        )
         aux = torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1)
         return aux, target_logits(target, out.hidden_states[-1], logits_at, draft_ids)
     if logits_at is None and draft_ids is None:
         out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False)
         return torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1), out.logits
-    out = target(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True, use_cache=False,
-                 logits_to_keep=no_logits(input_ids.device))
+    out = target(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        output_hidden_states=True,
+        use_cache=False,
+        logits_to_keep=no_logits(input_ids.device),
+    )
     aux = torch.cat([out.hidden_states[i + 1] for i in aux_layer_ids], dim=-1)
     return aux, target_logits(target, out.hidden_states[-1], logits_at, draft_ids)
 
@@ -69,8 +85,9 @@ SCORE_CHUNK_ROWS = 1024
 
 
 @torch.no_grad()
-def target_logits(target, last: torch.Tensor, logits_at: torch.Tensor | None = None,
-                  draft_ids: torch.Tensor | None = None) -> torch.Tensor | TargetScores:
+def target_logits(
+    target, last: torch.Tensor, logits_at: torch.Tensor | None = None, draft_ids: torch.Tensor | None = None
+) -> torch.Tensor | TargetScores:
     """(b, s, V) logits from the target's final (normed) hidden state ``last`` (b, s, H), at ``logits_at`` only
     (zeros elsewhere) when it is given; with ``draft_ids``, their ``TargetScores`` instead, computed
     ``SCORE_CHUNK_ROWS`` rows at a time, so that no (b, s, V) tensor is ever made."""
@@ -91,11 +108,15 @@ def target_logits(target, last: torch.Tensor, logits_at: torch.Tensor | None = N
     at = torch.ones(last.shape[:2], dtype=torch.bool, device=last.device) if logits_at is None else logits_at
     rows = last[at]  # (n, H)
     b, s = last.shape[:2]
-    scores = TargetScores(torch.zeros(b, s, draft_ids.numel(), device=last.device),
-                          torch.zeros(b, s, dtype=torch.long, device=last.device),
-                          torch.zeros(b, s, device=last.device))
-    parts = [TargetScores.from_logits(head(rows[i : i + SCORE_CHUNK_ROWS]), draft_ids)
-             for i in range(0, rows.shape[0], SCORE_CHUNK_ROWS)]
+    scores = TargetScores(
+        torch.zeros(b, s, draft_ids.numel(), device=last.device),
+        torch.zeros(b, s, dtype=torch.long, device=last.device),
+        torch.zeros(b, s, device=last.device),
+    )
+    parts = [
+        TargetScores.from_logits(head(rows[i : i + SCORE_CHUNK_ROWS]), draft_ids)
+        for i in range(0, rows.shape[0], SCORE_CHUNK_ROWS)
+    ]
     if parts:
         scores.draft[at] = torch.cat([p.draft for p in parts])
         scores.argmax[at] = torch.cat([p.argmax for p in parts])
@@ -144,9 +165,13 @@ class OfflineFeatures:
 
     def _meta(self, datasets) -> dict:
         cfg = self.target.config.get_text_config()
-        return {"aux_layer_ids": self.aux_ids, "shard_size": self.shard_size, "hidden_size": cfg.hidden_size,
-                "target": getattr(self.target.config, "_name_or_path", None),
-                "data": [getattr(ds, "_fingerprint", None) for ds in datasets]}
+        return {
+            "aux_layer_ids": self.aux_ids,
+            "shard_size": self.shard_size,
+            "hidden_size": cfg.hidden_size,
+            "target": getattr(self.target.config, "_name_or_path", None),
+            "data": [getattr(ds, "_fingerprint", None) for ds in datasets],
+        }
 
     def _check_meta(self, meta: dict) -> None:
         """A cache written for other data, layers or another target must not be read as this one's."""
@@ -155,8 +180,10 @@ class OfflineFeatures:
             old = json.loads(path.read_text())
             diff = [k for k in meta if k in old and old[k] != meta[k]]
             if diff:
-                raise ValueError(f"The feature cache {self.dir} was built with other {', '.join(diff)}: delete it or set "
-                                 "features.cache_dir to a new folder.")
+                raise ValueError(
+                    f"The feature cache {self.dir} was built with other {', '.join(diff)}: delete it or set "
+                    "features.cache_dir to a new folder."
+                )
 
     def _reusable(self, meta: dict) -> dict[str, tuple[ShardReader, int]]:
         """sample_key -> (reader, sample index) over the earlier runs of ``reuse_from``: work_dirs whose
@@ -169,14 +196,18 @@ class OfflineFeatures:
                 continue
             index, data = run / "features" / "index.json", run / "data" / "tokenized"
             if not index.exists() or not (data / "dataset_dict.json").exists():
-                raise FileNotFoundError(f"features.reuse_from: {run} is not the work_dir of an offline-features run "
-                                        f"(it needs features/index.json and data/tokenized): fix or remove the entry.")
+                raise FileNotFoundError(
+                    f"features.reuse_from: {run} is not the work_dir of an offline-features run "
+                    f"(it needs features/index.json and data/tokenized): fix or remove the entry."
+                )
             old = json.loads(index.read_text())
             diff = [k for k in ("aux_layer_ids", "hidden_size", "target") if old.get(k) != meta[k]]
             if diff:
-                raise ValueError(f"features.reuse_from: {run} was built with other {', '.join(diff)} "
-                                 f"({', '.join(f'{old.get(k)!r}' for k in diff)}): its features are not this target's; "
-                                 "remove the entry.")
+                raise ValueError(
+                    f"features.reuse_from: {run} was built with other {', '.join(diff)} "
+                    f"({', '.join(f'{old.get(k)!r}' for k in diff)}): its features are not this target's; "
+                    "remove the entry."
+                )
             reader = ShardReader(run / "features")
             for split in load_from_disk(str(data)).values():
                 for i, ids in zip(split["index"], split["input_ids"]):
@@ -195,11 +226,15 @@ class OfflineFeatures:
         have = sum(f.stat().st_size for f in self.dir.glob("*.safetensors")) if self.dir.exists() else 0
         probe = self.dir if self.dir.exists() else next(p for p in self.dir.parents if p.exists())
         free = shutil.disk_usage(probe).free
-        print(f"[features] offline cache: ~{need / 2**30:.2f} GiB in {self.dir} ({have / 2**30:.2f} GiB done, "
-              f"{free / 2**30:.1f} GiB free)")
+        print(
+            f"[features] offline cache: ~{need / 2**30:.2f} GiB in {self.dir} ({have / 2**30:.2f} GiB done, "
+            f"{free / 2**30:.1f} GiB free)"
+        )
         if need - have > free * 0.95:
-            raise OSError(f"The feature cache needs ~{(need - have) / 2**30:.1f} GiB more but {self.dir} has "
-                          f"{free / 2**30:.1f} GiB free: free space, set features.cache_dir elsewhere, or use features.mode: online.")
+            raise OSError(
+                f"The feature cache needs ~{(need - have) / 2**30:.1f} GiB more but {self.dir} has "
+                f"{free / 2**30:.1f} GiB free: free space, set features.cache_dir elsewhere, or use features.mode: online."
+            )
         self.dir.mkdir(parents=True, exist_ok=True)
         atomic_write_json(self.dir / "index.json", meta)  # a kill mid-write must not leave an index that parses wrong
         device = self.target.device
@@ -227,15 +262,20 @@ class OfflineFeatures:
                     todo.append(r)
                 order = sorted(todo, key=lambda r: row_lengths[r])  # batches of similar lengths: less padding
                 for b in range(0, len(order), self.batch_size):
-                    batch = rows.select(order[b:b + self.batch_size])
+                    batch = rows.select(order[b : b + self.batch_size])
                     lengths = [len(x) for x in batch["input_ids"]]
                     ids = torch.full((len(lengths), max(lengths)), pad_id, dtype=torch.long)
                     att = torch.zeros_like(ids)
                     for r, x in enumerate(batch["input_ids"]):
                         ids[r, : len(x)] = torch.tensor(x)
                         att[r, : len(x)] = 1
-                    out = self.target(input_ids=ids.to(device), attention_mask=att.to(device), output_hidden_states=True,
-                                      use_cache=False, logits_to_keep=no_logits(device))
+                    out = self.target(
+                        input_ids=ids.to(device),
+                        attention_mask=att.to(device),
+                        output_hidden_states=True,
+                        use_cache=False,
+                        logits_to_keep=no_logits(device),
+                    )
                     aux = torch.cat([out.hidden_states[i + 1] for i in self.aux_ids], -1).to(torch.bfloat16).cpu()
                     last = out.hidden_states[-1].to(torch.bfloat16).cpu()  # after the final norm: logits = lm_head(last)
                     for r, (index, n) in enumerate(zip(batch["index"], lengths)):
@@ -245,8 +285,10 @@ class OfflineFeatures:
                     save_file(tensors, str(tmp))
                 free = shutil.disk_usage(self.dir).free
                 if free < 2**30:
-                    raise OSError(f"Less than 1 GiB left on the disk of {self.dir}: stopping the feature cache "
-                                  "(it resumes where it stopped once there is space).")
+                    raise OSError(
+                        f"Less than 1 GiB left on the disk of {self.dir}: stopping the feature cache "
+                        "(it resumes where it stopped once there is space)."
+                    )
         if self.reuse_from:
             print(f"[features] {reused} samples' features taken from {', '.join(map(str, self.reuse_from))}")
         self.acc.wait_for_everyone()
@@ -258,8 +300,9 @@ class OfflineFeatures:
         return t
 
     @torch.no_grad()
-    def load(self, batch, logits_at: torch.Tensor | None = None, draft_ids: torch.Tensor | None = None
-             ) -> tuple[torch.Tensor, torch.Tensor | TargetScores]:
+    def load(
+        self, batch, logits_at: torch.Tensor | None = None, draft_ids: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor | TargetScores]:
         """(b, s, 3*H) aux features and (b, s, V) target logits (at ``logits_at`` only, when given; their
         ``TargetScores`` with ``draft_ids``) for a right-padded batch."""
         b, s = batch["input_ids"].shape
@@ -274,8 +317,7 @@ class OfflineFeatures:
         for r, (a, l) in enumerate(zip(aux_rows, last_rows)):
             aux[r, : a.shape[0]] = a
             last[r, : l.shape[0]] = l
-        logits = target_logits(self.target, last.to(device), None if logits_at is None else logits_at.to(device),
-                               draft_ids)
+        logits = target_logits(self.target, last.to(device), None if logits_at is None else logits_at.to(device), draft_ids)
         return aux.to(device), logits
 
 
@@ -300,5 +342,12 @@ class TrainingFeatures:
         if self.offline is not None:
             return self.offline.load(batch, logits_at=at, draft_ids=ids)
         packed = "document_ids" in batch
-        return aux_features(self.target, batch["input_ids"], None if packed else batch["attention_mask"],
-                            self.aux_layer_ids, logits_at=at, draft_ids=ids, position_ids=batch.get("position_ids"))
+        return aux_features(
+            self.target,
+            batch["input_ids"],
+            None if packed else batch["attention_mask"],
+            self.aux_layer_ids,
+            logits_at=at,
+            draft_ids=ids,
+            position_ids=batch.get("position_ids"),
+        )

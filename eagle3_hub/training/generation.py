@@ -40,8 +40,9 @@ from .sources import DataError, prompt_key
 from .tokenise import user_prefix
 
 
-def regeneration_draft(regenerate_with: str = "auto", regenerate_draft: str | None = None,
-                       target_name: str | None = None) -> str | None:
+def regeneration_draft(
+    regenerate_with: str = "auto", regenerate_draft: str | None = None, target_name: str | None = None
+) -> str | None:
     """The draft that decodes the target's answers and prompts (``data.regenerate_with``, ``data.regenerate_draft``),
     or None for plain ``target.generate``. Reads no model: a recipe check may call it before anything is loaded.
 
@@ -56,19 +57,24 @@ def regeneration_draft(regenerate_with: str = "auto", regenerate_draft: str | No
             raise ValueError(f"data.regenerate_draft must be a draft folder or Hub id, got {regenerate_draft!r}")
         path = Path(regenerate_draft)
         if path.exists() and not (path / "config.json").is_file():
-            raise FileNotFoundError(f"data.regenerate_draft {path}: no config.json there; give an EAGLE-3 draft folder "
-                                    "(e.g. an `eagle3-hub train` output) or a Hub id.")
+            raise FileNotFoundError(
+                f"data.regenerate_draft {path}: no config.json there; give an EAGLE-3 draft folder "
+                "(e.g. an `eagle3-hub train` output) or a Hub id."
+            )
         if not path.exists() and not re.fullmatch(r"[\w-][\w.-]*/[\w.-]+", str(regenerate_draft)):
-            raise FileNotFoundError(f"data.regenerate_draft {regenerate_draft} does not exist: give an EAGLE-3 draft "
-                                    "folder or a Hub id (owner/name).")
+            raise FileNotFoundError(
+                f"data.regenerate_draft {regenerate_draft} does not exist: give an EAGLE-3 draft folder or a Hub id (owner/name)."
+            )
         return str(regenerate_draft)
     folder = reference_draft(target_name)
     if (folder / "config.json").is_file():
         return str(folder)
     if regenerate_with == "tree":
-        raise ValueError(f"data.regenerate_with: tree needs an EAGLE-3 draft for {target_name or 'the embedded target'} "
-                         f"and none is shipped for it ({folder} has no config.json): set data.regenerate_draft to a "
-                         "draft folder or Hub id, or use data.regenerate_with: generate.")
+        raise ValueError(
+            f"data.regenerate_with: tree needs an EAGLE-3 draft for {target_name or 'the embedded target'} "
+            f"and none is shipped for it ({folder} has no config.json): set data.regenerate_draft to a "
+            "draft folder or Hub id, or use data.regenerate_with: generate."
+        )
     return None
 
 
@@ -98,22 +104,33 @@ class GenerationSpeed:
             self.row_step_tokens += sum(stats.accepted_per_step)
 
     def as_dict(self) -> dict:
-        out = {"decoder": self.decoder, "draft": self.draft, "samples": self.samples, "new_tokens": self.new_tokens,
-               "target_forwards": self.target_forwards, "wall_s": round(self.wall_s, 2), "cpu_s": round(self.cpu_s, 2),
-               "tokens_per_s": round(self.new_tokens / self.wall_s, 2) if self.wall_s else None,
-               "tokens_per_cpu_minute": round(60 * self.new_tokens / self.cpu_s, 1) if self.cpu_s else None}
+        out = {
+            "decoder": self.decoder,
+            "draft": self.draft,
+            "samples": self.samples,
+            "new_tokens": self.new_tokens,
+            "target_forwards": self.target_forwards,
+            "wall_s": round(self.wall_s, 2),
+            "cpu_s": round(self.cpu_s, 2),
+            "tokens_per_s": round(self.new_tokens / self.wall_s, 2) if self.wall_s else None,
+            "tokens_per_cpu_minute": round(60 * self.new_tokens / self.cpu_s, 1) if self.cpu_s else None,
+        }
         if self.decoder == "tree":  # tokens a row commits per target forward: the draft's acceptance on this data
             out["acceptance_length"] = round(self.row_step_tokens / self.row_steps, 3) if self.row_steps else None
         return out
 
     def line(self, what: str) -> str:
         d = self.as_dict()
-        by = {"tree": "tree decoding" + (f" (draft {self.draft})" if self.draft else ""),
-              SAME_FORWARD: "plain decoding through the tree verifier"}.get(self.decoder, "plain generate")
+        by = {
+            "tree": "tree decoding" + (f" (draft {self.draft})" if self.draft else ""),
+            SAME_FORWARD: "plain decoding through the tree verifier",
+        }.get(self.decoder, "plain generate")
         accepted = f", acceptance length {d['acceptance_length']}" if d.get("acceptance_length") else ""
-        return (f"[data] {what}: {by}, {d['new_tokens']} new tokens for {d['samples']} samples in {d['wall_s']} s, "
-                f"{d['target_forwards']} target forwards ({d['tokens_per_s']} tokens/s, {d['tokens_per_cpu_minute']} "
-                f"tokens per CPU-minute{accepted})")
+        return (
+            f"[data] {what}: {by}, {d['new_tokens']} new tokens for {d['samples']} samples in {d['wall_s']} s, "
+            f"{d['target_forwards']} target forwards ({d['tokens_per_s']} tokens/s, {d['tokens_per_cpu_minute']} "
+            f"tokens per CPU-minute{accepted})"
+        )
 
 
 def decoder_speed(draft) -> GenerationSpeed:
@@ -142,16 +159,28 @@ def contiguous_head_input(target):
 
 
 @torch.no_grad()
-def generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_tokens: int, temperature: float,
-                    add_generation_prompt: bool = True, raw_prefixes: list[str] | None = None, draft=None,
-                    speed: GenerationSpeed | None = None, top_p: float = 0.95, seed: int | None = None) -> list[str]:
+def generate_batch(
+    target,
+    tokenizer,
+    conversations: list[list[dict]],
+    max_new_tokens: int,
+    temperature: float,
+    add_generation_prompt: bool = True,
+    raw_prefixes: list[str] | None = None,
+    draft=None,
+    speed: GenerationSpeed | None = None,
+    top_p: float = 0.95,
+    seed: int | None = None,
+) -> list[str]:
     """The target's continuations of a batch (left-padded): plain ``generate``, tree decoding with ``draft``, or
     plain decoding through tree decoding's verifier (``draft=SAME_FORWARD``). ``seed``: the draws of a sampled
     batch (torch's global generator otherwise)."""
     if raw_prefixes is not None:
         texts = raw_prefixes
     else:
-        texts = [tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False) for c in conversations]
+        texts = [
+            tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt, tokenize=False) for c in conversations
+        ]
     tokenizer.padding_side = "left"
     enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False).to(target.device)
     sample = temperature > 0
@@ -163,28 +192,48 @@ def generate_batch(target, tokenizer, conversations: list[list[dict]], max_new_t
     if draft is None:
         with contiguous_head_input(target):
             out = target.generate(
-                **enc, max_new_tokens=max_new_tokens, do_sample=sample, temperature=temperature or None,
-                top_p=top_p if sample else None, pad_token_id=tokenizer.pad_token_id,
+                **enc,
+                max_new_tokens=max_new_tokens,
+                do_sample=sample,
+                temperature=temperature or None,
+                top_p=top_p if sample else None,
+                pad_token_id=tokenizer.pad_token_id,
             )
         stats, forwards = None, out.shape[1] - enc.input_ids.shape[1]
     elif draft == SAME_FORWARD:
-        out, sf = same_forward_generate(target, enc.input_ids, max_new_tokens, attention_mask=enc.attention_mask,
-                                        do_sample=sample, temperature=temperature if sample else 1.0,
-                                        top_p=top_p if sample else 1.0, eos_token_id=sorted(_eos_ids(target, tokenizer)),
-                                        pad_token_id=tokenizer.pad_token_id, generator=generator)
+        out, sf = same_forward_generate(
+            target,
+            enc.input_ids,
+            max_new_tokens,
+            attention_mask=enc.attention_mask,
+            do_sample=sample,
+            temperature=temperature if sample else 1.0,
+            top_p=top_p if sample else 1.0,
+            eos_token_id=sorted(_eos_ids(target, tokenizer)),
+            pad_token_id=tokenizer.pad_token_id,
+            generator=generator,
+        )
         stats, forwards = None, sf.target_forwards
     else:  # sampling draws from the same distribution as generate (with other draws for the same seed)
         # a fixed tree: the run-time controller picks shapes from measured times, and a sampled batch's draws
         # depend on the shapes, so a seed would not write the same text again (nor a resumed run the same data)
-        res = generate(target, draft, enc.input_ids, attention_mask=enc.attention_mask, max_new_tokens=max_new_tokens,
-                       do_sample=sample, temperature=temperature if sample else 1.0, top_p=top_p if sample else 1.0,
-                       adaptive=False)
+        res = generate(
+            target,
+            draft,
+            enc.input_ids,
+            attention_mask=enc.attention_mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            temperature=temperature if sample else 1.0,
+            top_p=top_p if sample else 1.0,
+            adaptive=False,
+        )
         out, stats = res.sequences, res.stats
         forwards = stats.target_forwards
     wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
     # a row ends at its first stop token: the two decoders pad finished rows differently
     eos, rows = _eos_ids(target, tokenizer), []
-    for row in out[:, enc.input_ids.shape[1]:].tolist():
+    for row in out[:, enc.input_ids.shape[1] :].tolist():
         stop = next((n for n, t in enumerate(row) if t in eos), None)
         rows.append(row if stop is None else row[: stop + 1])
     if speed is not None:
@@ -245,8 +294,7 @@ def read_cache(path: Path, keys: tuple[str, ...]) -> list[dict]:
     data = path.read_bytes()
     whole = data.rfind(b"\n") + 1
     if whole < len(data):
-        print(f"[data] {path}: its last line was cut (a run killed while writing it): removed; that sample is written "
-              "again.")
+        print(f"[data] {path}: its last line was cut (a run killed while writing it): removed; that sample is written again.")
         with open(path, "r+b") as f:
             f.truncate(whole)
     records = []
@@ -262,9 +310,20 @@ def read_cache(path: Path, keys: tuple[str, ...]) -> list[dict]:
     return records
 
 
-def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_tokens: int = 384,
-               temperature: float = 0.0, batch_size: int = 16, max_turns: int = 1, draft=None,
-               report: dict | None = None, settings: list[AnswerSetting] | None = None, seed: int = 0) -> Dataset:
+def regenerate(
+    ds: Dataset,
+    target,
+    tokenizer,
+    cache_path: str | Path,
+    max_new_tokens: int = 384,
+    temperature: float = 0.0,
+    batch_size: int = 16,
+    max_turns: int = 1,
+    draft=None,
+    report: dict | None = None,
+    settings: list[AnswerSetting] | None = None,
+    seed: int = 0,
+) -> Dataset:
     """Replace every assistant turn by the target's own answer (turn by turn, batched).
 
     Resumable: finished batches are appended to ``cache_path`` (jsonl keyed by sample index, with the decoder and
@@ -284,15 +343,18 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     done: dict[int, list] = {rec["i"]: rec["messages"] for rec in read_cache(cache_path, ("i", "messages"))}
     settings = list(settings or [AnswerSetting(temperature, 0.95 if temperature > 0 else 1.0)])
-    which = {i: assign_setting(settings, prompt_key(ds[i]["messages"]), seed) if len(settings) > 1 else 0
-             for i in range(len(ds)) if i not in done}
+    which = {
+        i: assign_setting(settings, prompt_key(ds[i]["messages"]), seed) if len(settings) > 1 else 0
+        for i in range(len(ds))
+        if i not in done
+    }
     todo = sorted(which)
     speed = decoder_speed(draft)
     bar = tqdm(total=len(ds), initial=len(ds) - len(todo), desc="regenerate responses", unit="sample")
     batches = []  # one setting per batch; a resumed run cuts the rest of each setting's prompts as before
     for k in sorted(set(which.values())):
         ids = [i for i in todo if which[i] == k]
-        batches += [ids[a:a + batch_size] for a in range(0, len(ids), batch_size)]
+        batches += [ids[a : a + batch_size] for a in range(0, len(ids), batch_size)]
     with open(cache_path, "a") as f:
         for idx in batches:
             k = which[idx[0]]
@@ -312,9 +374,17 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
                             break
                         if turn == 0 and m["role"] == "system" and not convs[j]:
                             convs[j].append(m)
-                answers = generate_batch(target, tokenizer, [convs[j] for j in active], max_new_tokens,
-                                          setting.temperature, draft=draft, speed=speed, top_p=setting.top_p,
-                                          seed=_batch_seed(seed, k, idx[0]) + turn if setting.temperature > 0 else None)
+                answers = generate_batch(
+                    target,
+                    tokenizer,
+                    [convs[j] for j in active],
+                    max_new_tokens,
+                    setting.temperature,
+                    draft=draft,
+                    speed=speed,
+                    top_p=setting.top_p,
+                    seed=_batch_seed(seed, k, idx[0]) + turn if setting.temperature > 0 else None,
+                )
                 for j, a in zip(active, answers):
                     convs[j].append({"role": "assistant", "content": a})
             for i, c in zip(idx, convs):
@@ -328,9 +398,19 @@ def regenerate(ds: Dataset, target, tokenizer, cache_path: str | Path, max_new_t
     return Dataset.from_list([{"messages": done[i]} for i in range(len(ds))])
 
 
-def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Path, seed: int = 0,
-                       max_new_tokens: int = 96, temperature: float = 1.0, batch_size: int = 16,
-                       openers: list[str] | None = None, draft=None, report: dict | None = None) -> Dataset:
+def synthesize_prompts(
+    target,
+    tokenizer,
+    num_prompts: int,
+    cache_path: str | Path,
+    seed: int = 0,
+    max_new_tokens: int = 96,
+    temperature: float = 1.0,
+    batch_size: int = 16,
+    openers: list[str] | None = None,
+    draft=None,
+    report: dict | None = None,
+) -> Dataset:
     """Magpie-style self-synthesis: feed the chat template's *user prefix* alone and let the target write
     the user's message. Resumable through ``cache_path`` (jsonl).
 
@@ -350,12 +430,22 @@ def synthesize_prompts(target, tokenizer, num_prompts: int, cache_path: str | Pa
     with open(cache_path, "a") as f:
         while len(prompts) < num_prompts:
             if attempts >= max_attempts:
-                raise DataError(f"The target wrote {len(prompts)} usable prompts in {attempts} tries (10..2000 characters "
-                                f"wanted): it cannot self-synthesise; give `data.sources` instead.")
+                raise DataError(
+                    f"The target wrote {len(prompts)} usable prompts in {attempts} tries (10..2000 characters "
+                    f"wanted): it cannot self-synthesise; give `data.sources` instead."
+                )
             starts = [openers[(len(prompts) + j) % len(openers)].strip() if openers else "" for j in range(batch_size)]
             attempts += batch_size
-            outs = generate_batch(target, tokenizer, [None] * batch_size, max_new_tokens, temperature,
-                                   raw_prefixes=[prefix + start for start in starts], draft=draft, speed=speed)
+            outs = generate_batch(
+                target,
+                tokenizer,
+                [None] * batch_size,
+                max_new_tokens,
+                temperature,
+                raw_prefixes=[prefix + start for start in starts],
+                draft=draft,
+                speed=speed,
+            )
             for start, text in zip(starts, outs):
                 text = (start + " " + text.split("<|im_end|>")[0]).strip()
                 if 10 <= len(text) <= 2000 and len(prompts) < num_prompts:
@@ -384,8 +474,6 @@ def fitting_draft(path: str, target, quiet: bool):
     except ValueError as e:
         if not quiet:
             raise ValueError(f"The regeneration draft {path} (data.regenerate_draft): {e}") from None
-        print(f"[data] warn: the reference draft {path} does not fit this target ({e}): the target writes with plain "
-              "generate")
+        print(f"[data] warn: the reference draft {path} does not fit this target ({e}): the target writes with plain generate")
         return None
     return draft
-

@@ -44,8 +44,9 @@ def acceptance(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.minimum(p, q).sum(-1)
 
 
-def position_loss(weights: dict[str, float], logq: torch.Tensor, p_draft: torch.Tensor, p: torch.Tensor,
-                  lk_eta: float = 3.0) -> tuple[torch.Tensor, torch.Tensor]:
+def position_loss(
+    weights: dict[str, float], logq: torch.Tensor, p_draft: torch.Tensor, p: torch.Tensor, lk_eta: float = 3.0
+) -> tuple[torch.Tensor, torch.Tensor]:
     """(loss averaged over the n positions, alpha (n,) detached) for one draft step.
 
     logq: (n, Vd) the draft's log-probabilities; p_draft: (n, Vd) the target's distribution renormalised over the draft

@@ -19,14 +19,17 @@ from .vocab import remap_draft_vocab
 def load_checked_target(recipe: dict, device):
     """The frozen target and its tokenizer (with ``target.chat_template``), checked against the recipe's draft."""
     tg, d = recipe["target"], recipe["draft"]
-    target, tokenizer = load_target(tg["name"], dtype=tg["dtype"], device=device,
-                                    gguf_file=tg["gguf_file"], adapter=tg["adapter"])
+    target, tokenizer = load_target(
+        tg["name"], dtype=tg["dtype"], device=device, gguf_file=tg["gguf_file"], adapter=tg["adapter"]
+    )
     if tg["chat_template"]:
         tokenizer.chat_template = tg["chat_template"]
     if not tokenizer.chat_template:
-        raise DataError(f"The tokenizer of {tg['name'] or 'the target'} has no chat template: the loss mask needs one. "
-                        "Set target.chat_template in the recipe (a base model: e.g. the prompt, a newline, the "
-                        "continuation; see recipes/gemma-3-270m.yaml), or use a chat (instruct) model.")
+        raise DataError(
+            f"The tokenizer of {tg['name'] or 'the target'} has no chat template: the loss mask needs one. "
+            "Set target.chat_template in the recipe (a base model: e.g. the prompt, a newline, the "
+            "continuation; see recipes/gemma-3-270m.yaml), or use a chat (instruct) model."
+        )
     L = num_decoder_layers(target)
     if d["aux_layer_ids"] is not None:
         check_aux_layer_ids(d["aux_layer_ids"], L)
@@ -51,14 +54,18 @@ def load_continued_draft(recipe: dict, target, is_main_process: bool) -> tuple[E
     init = load_init_draft(d["init_from"], target)
     for key, value in draft_config_overrides(recipe).items():  # e.g. fc_norm: Eagle3Config keys of the draft section
         if getattr(init.config, key, None) != value:
-            raise ValueError(f"draft.{key}={value!r} changes the architecture of draft.init_from ({d['init_from']} has "
-                             f"{getattr(init.config, key, None)!r}): a continued draft keeps its own; remove the key, or "
-                             "train a new draft (no init_from).")
+            raise ValueError(
+                f"draft.{key}={value!r} changes the architecture of draft.init_from ({d['init_from']} has "
+                f"{getattr(init.config, key, None)!r}): a continued draft keeps its own; remove the key, or "
+                "train a new draft (no init_from)."
+            )
     earlier = earlier_stages(d["init_from"])  # read now: output_dir may be init_from
     size = d["draft_vocab_size"]
     if not d["reselect_vocab"] and size != init.config.draft_vocab_size and is_main_process:
-        print(f"[vocab] draft.init_from keeps its own vocabulary of {init.config.draft_vocab_size} tokens "
-              f"(draft.draft_vocab_size={size} is not used; draft.reselect_vocab: true chooses a new one)")
+        print(
+            f"[vocab] draft.init_from keeps its own vocabulary of {init.config.draft_vocab_size} tokens "
+            f"(draft.draft_vocab_size={size} is not used; draft.reselect_vocab: true chooses a new one)"
+        )
     return init, earlier
 
 
@@ -101,8 +108,10 @@ def init_head_from_target(draft: Eagle3DraftModel, target) -> None:
     head = target.get_output_embeddings()
     norm = getattr(target.get_decoder(), "norm", None)
     if head is None or norm is None:
-        raise ValueError(f"draft.head_from_target: {type(target).__name__} exposes no output embedding and final norm; "
-                         "set draft.head_from_target to false.")
+        raise ValueError(
+            f"draft.head_from_target: {type(target).__name__} exposes no output embedding and final norm; "
+            "set draft.head_from_target to false."
+        )
     ids = draft.draft_to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
     weight = head.weight.detach().float()
     probe = torch.ones(1, weight.shape[1], device=weight.device, dtype=next(norm.parameters()).dtype)
@@ -111,8 +120,7 @@ def init_head_from_target(draft: Eagle3DraftModel, target) -> None:
     draft.lm_head.weight.copy_((weight[ids.to(weight.device)] * gain).to(draft.lm_head.weight))
 
 
-def build_draft(recipe: dict, target, init: Eagle3DraftModel | None, vocab_ids: torch.Tensor, vocab_info: dict,
-                accelerator):
+def build_draft(recipe: dict, target, init: Eagle3DraftModel | None, vocab_ids: torch.Tensor, vocab_info: dict, accelerator):
     """The fp32 draft to train: ``init`` (with reselect_vocab remapped to ``vocab_ids``) or a new one, LoRA if enabled."""
     d, t = recipe["draft"], recipe["train"]
     if init is not None:
@@ -121,11 +129,18 @@ def build_draft(recipe: dict, target, init: Eagle3DraftModel | None, vocab_ids: 
             draft = draft.float()
             vocab_info["remap"] = remap_draft_vocab(draft, vocab_ids, target.get_output_embeddings().weight)
             if accelerator.is_main_process:
-                print(f"[vocab] chosen anew (init_from's covered {vocab_info['init_from_coverage']:.2%}); "
-                      f"lm_head rows {vocab_info['remap']}")
+                print(
+                    f"[vocab] chosen anew (init_from's covered {vocab_info['init_from_coverage']:.2%}); "
+                    f"lm_head rows {vocab_info['remap']}"
+                )
     else:
-        draft = Eagle3DraftModel.from_target(target, aux_layer_ids=d["aux_layer_ids"], draft_vocab_size=d["draft_vocab_size"],
-                                             intermediate_size=d["intermediate_size"], **draft_config_overrides(recipe))
+        draft = Eagle3DraftModel.from_target(
+            target,
+            aux_layer_ids=d["aux_layer_ids"],
+            draft_vocab_size=d["draft_vocab_size"],
+            intermediate_size=d["intermediate_size"],
+            **draft_config_overrides(recipe),
+        )
         draft.set_vocab_mapping(vocab_ids)
         if d["head_from_target"]:
             init_head_from_target(draft, target)
@@ -139,8 +154,9 @@ def build_draft(recipe: dict, target, init: Eagle3DraftModel | None, vocab_ids: 
 
         lc = recipe["lora"]
         draft.requires_grad_(False)
-        draft = get_peft_model(draft, LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=lc["dropout"],
-                                                 target_modules=lc["target_modules"]))
+        draft = get_peft_model(
+            draft, LoraConfig(r=lc["r"], lora_alpha=lc["alpha"], lora_dropout=lc["dropout"], target_modules=lc["target_modules"])
+        )
     if t["gradient_checkpointing"]:
         draft.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     draft.train()

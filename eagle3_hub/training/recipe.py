@@ -30,8 +30,10 @@ RecipeLoader.yaml_implicit_resolvers = {
 RecipeLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
 RecipeLoader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
-               r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    re.compile(
+        r"^[-+]?(?:[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?|\.[0-9_]+(?:[eE][-+]?[0-9]+)?"
+        r"|[0-9][0-9_]*[eE][-+]?[0-9]+|\.(?:inf|Inf|INF)|[-+]\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
     list("-+0123456789."),
 )
 
@@ -44,8 +46,10 @@ def _load_yaml(text, where: str = "the recipe"):
         mark = e.problem_mark or e.context_mark
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
         problem = " ".join(str(e.problem or e.context or "").split())
-        raise ValueError(f"{where} is not valid YAML{at}: {problem}. Fix that line (`key: value` pairs, nested sections "
-                         "indented by two spaces; quote a value that holds ': ' or ' #').") from None
+        raise ValueError(
+            f"{where} is not valid YAML{at}: {problem}. Fix that line (`key: value` pairs, nested sections "
+            "indented by two spaces; quote a value that holds ': ' or ' #')."
+        ) from None
     except yaml.YAMLError as e:
         raise ValueError(f"{where} is not valid YAML: {' '.join(str(e).split())}") from None
 
@@ -53,9 +57,21 @@ def _load_yaml(text, where: str = "the recipe"):
 # Eagle3Config parameters that describe the target (read from it: the draft shares its embedding and reads its
 # features) or that the draft section already names; every other parameter is a `draft:` key of the recipe
 # (e.g. `fc_norm: true`) passed to the config of a new draft.
-_SET_BY_TRAINING = {"self", "kwargs", "vocab_size", "hidden_size", "target_hidden_size", "eagle_config",
-                    "target_num_hidden_layers", "target_model_type", "pad_token_id", "bos_token_id", "eos_token_id",
-                    "draft_vocab_size", "intermediate_size"}
+_SET_BY_TRAINING = {
+    "self",
+    "kwargs",
+    "vocab_size",
+    "hidden_size",
+    "target_hidden_size",
+    "eagle_config",
+    "target_num_hidden_layers",
+    "target_model_type",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "draft_vocab_size",
+    "intermediate_size",
+}
 
 
 def draft_config_keys() -> list[str]:
@@ -84,8 +100,9 @@ def _merge(base: dict, update: dict, path: str = "", schema: dict | None = None)
             raise KeyError(f"Unknown recipe key `{path}{key}`{hint}. Known keys: {', '.join(path + k for k in names)}")
         section = schema.get(key) if isinstance(schema, dict) else None
         if isinstance(section, dict) and not isinstance(value, dict):
-            raise ValueError(f"`{path}{key}` is a section of keys ({', '.join(section)}), got {value!r}: write them "
-                             f"indented under `{key}:`.")
+            raise ValueError(
+                f"`{path}{key}` is a section of keys ({', '.join(section)}), got {value!r}: write them indented under `{key}:`."
+            )
         if isinstance(section, dict):
             _merge(base[key], value, f"{path}{key}.", section)
         else:
@@ -117,16 +134,19 @@ def parse_overrides(pairs: list[str]) -> dict:
         else:
             raw, i = "true", i + 1
             if not recipe_schema.is_switch(flag[2:].replace("-", "_")):  # only a switch stands alone
-                raise ValueError(f"{flag} needs a value, as in `{flag} VALUE` or `{flag}=VALUE` (only true/false "
-                                 "keys may be given alone, meaning true).")
+                raise ValueError(
+                    f"{flag} needs a value, as in `{flag} VALUE` or `{flag}=VALUE` (only true/false "
+                    "keys may be given alone, meaning true)."
+                )
         dotted = flag[2:].replace("-", "_")
         node = out
         keys = dotted.split(".")
         for k in keys[:-1]:
             node = node.setdefault(k, {})
         text = recipe_schema.takes_text(dotted)
-        node[keys[-1]] = (None if raw == "null" and text == "or null" else raw) if text else \
-            _load_yaml(raw, f"the value of {flag}")
+        node[keys[-1]] = (
+            (None if raw == "null" and text == "or null" else raw) if text else _load_yaml(raw, f"the value of {flag}")
+        )
     return out
 
 
@@ -138,8 +158,10 @@ def load_recipe(path: str | Path | None = None, overrides: dict | None = None) -
         with open(path) as f:
             loaded = _load_yaml(f, str(path)) or {}
         if not isinstance(loaded, dict):
-            raise ValueError(f"{path} must hold sections of keys (`train:`, `data:`, ...), not a {type(loaded).__name__}: "
-                             "see recipes/ for examples.")
+            raise ValueError(
+                f"{path} must hold sections of keys (`train:`, `data:`, ...), not a {type(loaded).__name__}: "
+                "see recipes/ for examples."
+            )
         _merge(recipe, loaded)
         recipe_schema.validate(recipe, f"{path}: ")
     if overrides:
@@ -161,9 +183,11 @@ def check_output_dir(recipe: dict, where: str = "") -> None:
     is read, before anything is trained."""
     given, out, work = recipe["output_dir"], Path(recipe["output_dir"]).resolve(), Path(recipe["work_dir"]).resolve()
     if out == work or out in work.parents:
-        raise ValueError(f"{where}output_dir {given} holds the work_dir {recipe['work_dir']}: the draft replaces "
-                         "output_dir whole at the end, with the run's checkpoints and data in it. Give output_dir a "
-                         "folder of its own (default: <work_dir>/draft).")
+        raise ValueError(
+            f"{where}output_dir {given} holds the work_dir {recipe['work_dir']}: the draft replaces "
+            "output_dir whole at the end, with the run's checkpoints and data in it. Give output_dir a "
+            "folder of its own (default: <work_dir>/draft)."
+        )
     if any(part in VCS_DIRS for part in out.parts):
         raise ValueError(f"{where}output_dir {given} is inside a version-control folder: give another folder.")
     if out.exists() and not out.is_dir():
@@ -171,9 +195,11 @@ def check_output_dir(recipe: dict, where: str = "") -> None:
     names = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
     if names and (set(names) & set(VCS_DIRS) or not set(names) & SAVED_MODEL_FILES):
         shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
-        raise ValueError(f"{where}output_dir {given} holds files that are not a saved draft ({shown}): the trained "
-                         "draft replaces that folder whole. Give a new or empty folder, or the folder of a draft to "
-                         "replace.")
+        raise ValueError(
+            f"{where}output_dir {given} holds files that are not a saved draft ({shown}): the trained "
+            "draft replaces that folder whole. Give a new or empty folder, or the folder of a draft to "
+            "replace."
+        )
 
 
 def stage_from_changes(before: dict, changes: dict, i: int, first_work_dir: str) -> dict:
@@ -228,12 +254,16 @@ def load_stages(recipe: dict, overrides: dict | None = None) -> list[dict]:
         check_output_dir(stage, f"stage {i}: ")
         before, init = chain[-1]["output_dir"], stage["draft"]["init_from"]
         if init is None or Path(init).resolve() != Path(before).resolve():
-            raise ValueError(f"stage {i} recipe {path} must continue the draft of stage {i - 1}: its draft.init_from "
-                             f"is {init!r}, but stage {i - 1} writes {before}")
+            raise ValueError(
+                f"stage {i} recipe {path} must continue the draft of stage {i - 1}: its draft.init_from "
+                f"is {init!r}, but stage {i - 1} writes {before}"
+            )
         work = Path(stage["work_dir"]).resolve()
         used = [j for j, r in enumerate(chain, start=1) if Path(r["work_dir"]).resolve() == work]
         if used:
-            raise ValueError(f"stage {i} recipe {path} has the work_dir of stage {used[0]} ({stage['work_dir']}): "
-                             "give every stage its own work_dir")
+            raise ValueError(
+                f"stage {i} recipe {path} has the work_dir of stage {used[0]} ({stage['work_dir']}): "
+                "give every stage its own work_dir"
+            )
         chain.append(stage)
     return chain

@@ -18,8 +18,10 @@ TOP_LEVEL = "top level"  # the table of the keys outside every section
 # in docs/training.md, each table sits between these lines (SECTION: target, draft, ..., or TOP_LEVEL)
 BEGIN, END = "<!-- recipe-keys: {} (written by python -m eagle3_hub.training.recipe_docs) -->", "<!-- /recipe-keys -->"
 ENTRIES = {"data.sources": Source, "data.answer_sampling": AnswerSetting}  # the keys of a list's mappings
-DRAFT_CONFIG_NOTE = ("and any Eagle3Config parameter the target does not fix (fc_norm, norm_output, rms_norm_eps, "
-                     "num_attention_heads, ...): docs/training.md, Architecture keys")
+DRAFT_CONFIG_NOTE = (
+    "and any Eagle3Config parameter the target does not fix (fc_norm, norm_output, rms_norm_eps, "
+    "num_attention_heads, ...): docs/training.md, Architecture keys"
+)
 
 
 def _value(v) -> str:
@@ -65,8 +67,10 @@ def _comment(text: str, indent: str) -> list[str]:
 
 def schema_text() -> str:
     """The whole schema as a recipe of the defaults: each key under comments that say its type and meaning."""
-    lines = ["# An eagle3-hub training recipe with every key at its default: above each key, what it must be and what",
-             "# it does. Any key is also a flag: --section.key VALUE (e.g. --train.lr 3e-4)."]
+    lines = [
+        "# An eagle3-hub training recipe with every key at its default: above each key, what it must be and what",
+        "# it does. Any key is also a flag: --section.key VALUE (e.g. --train.lr 3e-4).",
+    ]
     values = defaults()
     for section in [*sections(), TOP_LEVEL]:
         indent = "" if section == TOP_LEVEL else "  "

@@ -59,8 +59,9 @@ def loss_weights(spec) -> dict[str, float]:
     unknown = [name for name in weights if name not in LOSSES]
     if unknown:
         raise ValueError(f"unknown loss {unknown[0]!r}; choose from {', '.join(LOSSES)} ({example})")
-    if any(isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0
-           for w in weights.values()) or not sum(weights.values()):
+    if any(
+        isinstance(w, bool) or not isinstance(w, (int, float)) or not math.isfinite(w) or w < 0 for w in weights.values()
+    ) or not sum(weights.values()):
         raise ValueError(f"weights must be non-negative numbers, not all zero ({example}), got {spec!r}")
     return {name: float(w) for name, w in weights.items()}
 
@@ -77,11 +78,11 @@ def _text_suffixes(suffixes):
     """A text source's ``suffixes``: endings with their dot, of text files (records are read by their own suffix)."""
     endings = [suffixes] if isinstance(suffixes, str) else suffixes
     if not endings or any(not x.startswith(".") for x in endings):
-        raise ValueError(f"suffixes must list the endings of the files read as documents, each with its dot (e.g. "
-                         f"[.py, .c]), got {suffixes!r}")
+        raise ValueError(
+            f"suffixes must list the endings of the files read as documents, each with its dot (e.g. [.py, .c]), got {suffixes!r}"
+        )
     if set(endings) & set(RECORD_SUFFIXES):
-        raise ValueError("suffixes name text files; .json, .jsonl and .parquet files are read as records (their "
-                         "`field`)")
+        raise ValueError("suffixes name text files; .json, .jsonl and .parquet files are read as records (their `field`)")
     return suffixes
 
 
@@ -91,11 +92,20 @@ def _loss(spec):
 
 
 class Target(Section):
-    name: str | None = Field(None, description="Hub repo id or local folder (`AutoModelForCausalLM`), a `.gguf` path, a PEFT adapter folder or repo (its base is loaded and the adapter merged), or `null` for the embedded SmolLM2-135M-Instruct")
+    name: str | None = Field(
+        None,
+        description="Hub repo id or local folder (`AutoModelForCausalLM`), a `.gguf` path, a PEFT adapter folder or repo (its base is loaded and the adapter merged), or `null` for the embedded SmolLM2-135M-Instruct",
+    )
     gguf_file: str | None = Field(None, description="the GGUF file inside a Hub repo or folder given by `name`")
     adapter: str | None = Field(None, description="a PEFT adapter merged into `name` (a fine-tuned target)")
-    dtype: Dtype = Field("bfloat16", description="the target's weights. On CPUs without bf16 units (AVX2) use `float32`: bf16 matmuls are ~4x slower there")
-    chat_template: str | None = Field(None, description="a Jinja chat template for a tokenizer that has none (a base model): samples are rendered through it and the loss covers what follows the user turn. `recipes/gemma-3-270m.yaml` uses a plain one: `<bos>`, the prompt, a newline, the continuation (the bench's prompts for a base model)")
+    dtype: Dtype = Field(
+        "bfloat16",
+        description="the target's weights. On CPUs without bf16 units (AVX2) use `float32`: bf16 matmuls are ~4x slower there",
+    )
+    chat_template: str | None = Field(
+        None,
+        description="a Jinja chat template for a tokenizer that has none (a base model): samples are rendered through it and the loss covers what follows the user turn. `recipes/gemma-3-270m.yaml` uses a plain one: `<bos>`, the prompt, a newline, the continuation (the bench's prompts for a base model)",
+    )
 
 
 class Draft(Section):
@@ -103,12 +113,27 @@ class Draft(Section):
     # Eagle3Config checks those values
     model_config = ConfigDict(extra="allow")
 
-    draft_vocab_size: PositiveInt | None = Field(8192, description="size of the draft's output vocabulary: the most frequent target tokens among the loss (assistant) tokens of the training split, EOS always included; `null` = the whole target vocabulary. `vocab.json` and `training_metrics.json` report the share of loss tokens it covers, and the coverage of other sizes (`coverage_by_size`) to help choose")
-    aux_layer_ids: Annotated[list[int], Field(min_length=3, max_length=3), Says("a list of three layer indices")] | None = Field(None, description="the three target layers whose outputs the draft reads, 0-based layer outputs (= `output_hidden_states[i + 1]`); default `[1, L//2 - 1, L - 4]` (the inputs of layers `2, L//2, L-3`, as the reference) or first/middle/last for targets under 8 layers")
+    draft_vocab_size: PositiveInt | None = Field(
+        8192,
+        description="size of the draft's output vocabulary: the most frequent target tokens among the loss (assistant) tokens of the training split, EOS always included; `null` = the whole target vocabulary. `vocab.json` and `training_metrics.json` report the share of loss tokens it covers, and the coverage of other sizes (`coverage_by_size`) to help choose",
+    )
+    aux_layer_ids: Annotated[list[int], Field(min_length=3, max_length=3), Says("a list of three layer indices")] | None = Field(
+        None,
+        description="the three target layers whose outputs the draft reads, 0-based layer outputs (= `output_hidden_states[i + 1]`); default `[1, L//2 - 1, L - 4]` (the inputs of layers `2, L//2, L-3`, as the reference) or first/middle/last for targets under 8 layers",
+    )
     intermediate_size: PositiveInt | None = Field(None, description="the draft MLP width (default: the target's)")
-    init_from: str | None = Field(None, description="an existing draft (folder or Hub id, any layout `Eagle3DraftModel.from_pretrained` reads) to continue from; its vocabulary mapping is kept unless `reselect_vocab`. Required by `lora.enabled`")
-    reselect_vocab: bool = Field(False, description="with `init_from`: choose the draft vocabulary anew from this run's data (`draft_vocab_size` tokens, or the continued draft's size when `null`; its tokens win ties of equal counts) instead of keeping the continued draft's. The `lm_head` rows of tokens it keeps carry over unchanged; a new token's row is the target's output row mapped into the draft's output space by the least-squares linear map that carries the target's rows of the shared tokens onto the draft's. `training_metrics.json` reports both coverages and the rows carried over / new / dropped. Not with `lora.enabled` (the adapters are saved for the draft's old head)")
-    head_from_target: bool = Field(False, description="start the draft's `lm_head` from the target's output rows of the draft vocabulary (the target's final-norm gain folded in, so `lm_head(norm(h))` = the target's logits of those tokens) instead of random. Meant to save the steps spent learning the output space; not yet measured at scale, hence off")
+    init_from: str | None = Field(
+        None,
+        description="an existing draft (folder or Hub id, any layout `Eagle3DraftModel.from_pretrained` reads) to continue from; its vocabulary mapping is kept unless `reselect_vocab`. Required by `lora.enabled`",
+    )
+    reselect_vocab: bool = Field(
+        False,
+        description="with `init_from`: choose the draft vocabulary anew from this run's data (`draft_vocab_size` tokens, or the continued draft's size when `null`; its tokens win ties of equal counts) instead of keeping the continued draft's. The `lm_head` rows of tokens it keeps carry over unchanged; a new token's row is the target's output row mapped into the draft's output space by the least-squares linear map that carries the target's rows of the shared tokens onto the draft's. `training_metrics.json` reports both coverages and the rows carried over / new / dropped. Not with `lora.enabled` (the adapters are saved for the draft's old head)",
+    )
+    head_from_target: bool = Field(
+        False,
+        description="start the draft's `lm_head` from the target's output rows of the draft vocabulary (the target's final-norm gain folded in, so `lm_head(norm(h))` = the target's logits of those tokens) instead of random. Meant to save the steps spent learning the output space; not yet measured at scale, hence off",
+    )
 
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".parquet")  # local files read as records, whatever a source's kind
@@ -120,18 +145,43 @@ class Source(Section):
 
     model_config = ConfigDict(extra="allow")
 
-    path: str = Field(description="a preset name, a Hub dataset id, or a local `.json`/`.jsonl`/`.parquet` file or folder (with `kind: text`, also `.txt`/`.md` files)")
-    kind: Literal["chat", "text"] = Field("chat", description="`chat`: conversations or prompts; `text`: documents, each cut into pieces whose opening is the prompt and whose rest is the answer (**Natural text** below)")
+    path: str = Field(
+        description="a preset name, a Hub dataset id, or a local `.json`/`.jsonl`/`.parquet` file or folder (with `kind: text`, also `.txt`/`.md` files)"
+    )
+    kind: Literal["chat", "text"] = Field(
+        "chat",
+        description="`chat`: conversations or prompts; `text`: documents, each cut into pieces whose opening is the prompt and whose rest is the answer (**Natural text** below)",
+    )
     max_samples: PositiveInt | None = Field(None, description="a seeded random subset of this many samples")
-    regenerate: bool | None = Field(None, description="`false`: keep this source's answers even when `data.regenerate` is on (data this target has answered already, such as an earlier run's `regen-*.jsonl`); `true`: the target answers it even when it is off (or continues the openings of a text source); `null` = `data.regenerate` (text sources: `false`)")
-    eval: bool = Field(True, description="`false` keeps this source's samples out of the held-out split (data an earlier stage trained on)")
+    regenerate: bool | None = Field(
+        None,
+        description="`false`: keep this source's answers even when `data.regenerate` is on (data this target has answered already, such as an earlier run's `regen-*.jsonl`); `true`: the target answers it even when it is off (or continues the openings of a text source); `null` = `data.regenerate` (text sources: `false`)",
+    )
+    eval: bool = Field(
+        True, description="`false` keeps this source's samples out of the held-out split (data an earlier stage trained on)"
+    )
     # A document's sample opens with about this many characters (a sentence or two, ~50 tokens) as the user turn: the
     # rest carries the loss, and an opening gives the draft a start to continue from, as a base model's prompt does.
-    opening_chars: PositiveInt = Field(200, description="`kind: text`: the most characters of a piece's opening (at most half the piece, ending at a line break or a space)")
+    opening_chars: PositiveInt = Field(
+        200,
+        description="`kind: text`: the most characters of a piece's opening (at most half the piece, ending at a line break or a space)",
+    )
     # ~500 tokens of English, within data.max_length's default of 1024
-    max_chars: PositiveInt = Field(2000, description="`kind: text`: documents longer than this are cut into pieces at line breaks, each a sample; set it near 4 x `data.max_length` so little is truncated")
-    field: Annotated[str, Says("the name of the records' text field")] = Field("text", description="`kind: text`: the field of `.json`/`.jsonl`/`.parquet` records that holds the document")
-    suffixes: Annotated[str | list[str], AfterValidator(_text_suffixes), Says("the endings of the files read as documents, each with its dot (e.g. [.py, .c])")] = Field([".txt", ".md"], description="`kind: text`: the endings of the files of a folder read as documents, e.g. `[.py, .js, .c]` for code")
+    max_chars: PositiveInt = Field(
+        2000,
+        description="`kind: text`: documents longer than this are cut into pieces at line breaks, each a sample; set it near 4 x `data.max_length` so little is truncated",
+    )
+    field: Annotated[str, Says("the name of the records' text field")] = Field(
+        "text", description="`kind: text`: the field of `.json`/`.jsonl`/`.parquet` records that holds the document"
+    )
+    suffixes: Annotated[
+        str | list[str],
+        AfterValidator(_text_suffixes),
+        Says("the endings of the files read as documents, each with its dot (e.g. [.py, .c])"),
+    ] = Field(
+        [".txt", ".md"],
+        description="`kind: text`: the endings of the files of a folder read as documents, e.g. `[.py, .js, .c]` for code",
+    )
 
     @model_validator(mode="after")
     def _text_keys_need_kind_text(self):
@@ -148,72 +198,158 @@ class AnswerSetting(Section):
     """One setting of ``data.answer_sampling``: greedy (``temperature: 0``) or sampled, for a ``share`` of prompts."""
 
     temperature: NonNegative = Field(0.0, description="sampling temperature (0 = greedy)")
-    top_p: Annotated[float, Field(gt=0, le=1), Says("a number in (0, 1]")] = Field(1.0, description="nucleus sampling: the smallest set of tokens whose probability reaches this (sampled settings only)")
+    top_p: Annotated[float, Field(gt=0, le=1), Says("a number in (0, 1]")] = Field(
+        1.0, description="nucleus sampling: the smallest set of tokens whose probability reaches this (sampled settings only)"
+    )
     share: PositiveNumber = Field(1.0, description="how many prompts get this setting, relative to the other settings' shares")
 
 
 class Data(Section):
-    sources: Annotated[list[SourceEntry], Says("a list of sources (paths, Hub ids, presets, or mappings {path, ...})")] = Field([], description="the data: each source a preset name, a Hub dataset id, a local `.json`/`.jsonl`/`.parquet` file or folder, or a mapping `{path, ...}` with the keys of a source (below: `max_samples`, `regenerate`, `eval`, `kind: text` for documents, ...; its other keys, such as `split`, `data_files` and `name`, go to `datasets.load_dataset`)")
-    synthesize: Count = Field(0, description="number of prompts the target writes itself (Magpie style, below); works with no `sources` at all")
-    synthesize_seed: int | None = Field(None, description="seed of the synthesised prompts (default `data.seed`); another seed gives other prompts, e.g. to add new ones to data synthesised before")
-    synthesize_openers: Annotated[list[str], Says('a list of strings (e.g. ["Write", "Explain", ""])')] = Field([], description='words that start the synthesised prompts, in turn (`["Write", "Solve", "Imagine you are", ""]`; `""` leaves the start to the target): steer a small target, which mostly asks for advice when left alone, to other kinds of request')
-    regenerate: bool = Field(True, description="answer every prompt with the target (greedy unless `temperature` > 0) instead of training on the dataset's answers")
-    regenerate_with: RegenerateWith = Field("auto", description="which decoder writes the target's answers and synthesised prompts: `generate` (transformers' plain `generate`), `tree` (our lossless tree decoding with `regenerate_draft`; float32 greedy writes plain greedy's tokens, bf16 may part at near-ties; sampled synthesis through it keeps the distribution, not the exact prompts of a seed), `same_forward` (plain greedy decoding through tree decoding's verifier: its lean forward and packed head, one token per step; plain greedy's tokens in float32, faster than `generate` on CPUs at batch sizes of 32 and more; sampled calls stay on `generate`), `auto` (greedy answers: `same_forward` on a CPU, 1.40x `generate` at batch 32 (below); elsewhere tree decoding where a draft exists for the target, `generate` otherwise). `work_dir/data/generation_report.json` (and `data_report.json`) records the decoder, tokens/s and tokens per CPU-minute of every call")
-    regenerate_draft: str | None = Field(None, description="the draft for `regenerate_with: tree|auto` (folder or Hub id); null = the reference draft shipped for the target, if any")
+    sources: Annotated[list[SourceEntry], Says("a list of sources (paths, Hub ids, presets, or mappings {path, ...})")] = Field(
+        [],
+        description="the data: each source a preset name, a Hub dataset id, a local `.json`/`.jsonl`/`.parquet` file or folder, or a mapping `{path, ...}` with the keys of a source (below: `max_samples`, `regenerate`, `eval`, `kind: text` for documents, ...; its other keys, such as `split`, `data_files` and `name`, go to `datasets.load_dataset`)",
+    )
+    synthesize: Count = Field(
+        0, description="number of prompts the target writes itself (Magpie style, below); works with no `sources` at all"
+    )
+    synthesize_seed: int | None = Field(
+        None,
+        description="seed of the synthesised prompts (default `data.seed`); another seed gives other prompts, e.g. to add new ones to data synthesised before",
+    )
+    synthesize_openers: Annotated[list[str], Says('a list of strings (e.g. ["Write", "Explain", ""])')] = Field(
+        [],
+        description='words that start the synthesised prompts, in turn (`["Write", "Solve", "Imagine you are", ""]`; `""` leaves the start to the target): steer a small target, which mostly asks for advice when left alone, to other kinds of request',
+    )
+    regenerate: bool = Field(
+        True,
+        description="answer every prompt with the target (greedy unless `temperature` > 0) instead of training on the dataset's answers",
+    )
+    regenerate_with: RegenerateWith = Field(
+        "auto",
+        description="which decoder writes the target's answers and synthesised prompts: `generate` (transformers' plain `generate`), `tree` (our lossless tree decoding with `regenerate_draft`; float32 greedy writes plain greedy's tokens, bf16 may part at near-ties; sampled synthesis through it keeps the distribution, not the exact prompts of a seed), `same_forward` (plain greedy decoding through tree decoding's verifier: its lean forward and packed head, one token per step; plain greedy's tokens in float32, faster than `generate` on CPUs at batch sizes of 32 and more; sampled calls stay on `generate`), `auto` (greedy answers: `same_forward` on a CPU, 1.40x `generate` at batch 32 (below); elsewhere tree decoding where a draft exists for the target, `generate` otherwise). `work_dir/data/generation_report.json` (and `data_report.json`) records the decoder, tokens/s and tokens per CPU-minute of every call",
+    )
+    regenerate_draft: str | None = Field(
+        None,
+        description="the draft for `regenerate_with: tree|auto` (folder or Hub id); null = the reference draft shipped for the target, if any",
+    )
     max_new_tokens: PositiveInt = Field(384, description="length limit of regenerated answers")
     temperature: NonNegative = Field(0.0, description="sampling temperature of regenerated answers (0 = greedy)")
-    answer_sampling: list[AnswerSetting] = Field([], description="answers at several settings: a list of `{temperature, top_p, share}` (`{temperature: 0}` = greedy); each prompt is answered at one of them, drawn by its text and the data seed, with `share` weighing how many get it. `[]` = every answer at `temperature`")
-    max_repeat_share: Annotated[Annotated[float, Field(gt=0, le=1)] | None, Says("a number in (0, 1] or null (e.g. 0.2: answers whose 8-grams repeat more than that are cut where the loop begins)")] = Field(None, description="cut loops out of the answers: an answer whose share of repeated 8-grams (the bench's `loop_share`) is above this number in (0, 1] is cut where its loop begins (below); `null` keeps every answer whole")
+    answer_sampling: list[AnswerSetting] = Field(
+        [],
+        description="answers at several settings: a list of `{temperature, top_p, share}` (`{temperature: 0}` = greedy); each prompt is answered at one of them, drawn by its text and the data seed, with `share` weighing how many get it. `[]` = every answer at `temperature`",
+    )
+    max_repeat_share: Annotated[
+        Annotated[float, Field(gt=0, le=1)] | None,
+        Says("a number in (0, 1] or null (e.g. 0.2: answers whose 8-grams repeat more than that are cut where the loop begins)"),
+    ] = Field(
+        None,
+        description="cut loops out of the answers: an answer whose share of repeated 8-grams (the bench's `loop_share`) is above this number in (0, 1] is cut where its loop begins (below); `null` keeps every answer whole",
+    )
     gen_batch_size: PositiveInt = Field(16, description="prompts per batched `generate` call when the target answers")
-    synthesize_batch_size: PositiveInt = Field(16, description="prompts the target writes per `generate` call. The batch shapes the random draws, so the same prompts need the same value. Larger batches are not always faster: a batch runs until its longest prompt ends")
-    max_turns: PositiveInt = Field(1, description="user turns answered per conversation when regenerating (later turns are dropped)")
-    strip_patterns: Texts = Field([], description="regexes removed from every message (e.g. GSM8K's `<<48/2=24>>` calculator notes)")
-    max_length: Annotated[int, Field(ge=4), Says("an integer >= 4")] = Field(1024, description="tokens per sample; longer samples are truncated")
-    eval_samples: Count = Field(64, description="held-out samples (at most a tenth of the data, at least one), drawn from the samples of sources without `eval: false`")
+    synthesize_batch_size: PositiveInt = Field(
+        16,
+        description="prompts the target writes per `generate` call. The batch shapes the random draws, so the same prompts need the same value. Larger batches are not always faster: a batch runs until its longest prompt ends",
+    )
+    max_turns: PositiveInt = Field(
+        1, description="user turns answered per conversation when regenerating (later turns are dropped)"
+    )
+    strip_patterns: Texts = Field(
+        [], description="regexes removed from every message (e.g. GSM8K's `<<48/2=24>>` calculator notes)"
+    )
+    max_length: Annotated[int, Field(ge=4), Says("an integer >= 4")] = Field(
+        1024, description="tokens per sample; longer samples are truncated"
+    )
+    eval_samples: Count = Field(
+        64,
+        description="held-out samples (at most a tenth of the data, at least one), drawn from the samples of sources without `eval: false`",
+    )
     num_proc: PositiveInt | None = Field(None, description="processes for `datasets.map` (tokenisation)")
-    seed: int | None = Field(None, description="seed of the data: its shuffle, the held-out split and (unless `synthesize_seed`) the synthesised prompts; default `train.seed`. Set it to keep the same data and held-out samples across runs that differ only in `train.seed`")
+    seed: int | None = Field(
+        None,
+        description="seed of the data: its shuffle, the held-out split and (unless `synthesize_seed`) the synthesised prompts; default `train.seed`. Set it to keep the same data and held-out samples across runs that differ only in `train.seed`",
+    )
 
 
 class Features(Section):
-    mode: Literal["online", "offline"] = Field("online", description="`online`: a target forward inside each training step. `offline`: one pass first writes the target features to disk, training reads them")
+    mode: Literal["online", "offline"] = Field(
+        "online",
+        description="`online`: a target forward inside each training step. `offline`: one pass first writes the target features to disk, training reads them",
+    )
     cache_dir: str | None = Field(None, description="where offline features go (default `work_dir/features`)")
-    reuse_from: Annotated[list[str], Says("a list of earlier runs' work_dirs")] = Field([], description="earlier runs' `work_dir`s (offline features of the same target and layers): a sample whose tokens are identical to one of theirs gets its features copied, not computed; their target generations (`data/*.jsonl` caches, named by the hash of prompts, target and sampling settings) are copied too, not generated again. For a later stage that keeps the earlier stages' data")
+    reuse_from: Annotated[list[str], Says("a list of earlier runs' work_dirs")] = Field(
+        [],
+        description="earlier runs' `work_dir`s (offline features of the same target and layers): a sample whose tokens are identical to one of theirs gets its features copied, not computed; their target generations (`data/*.jsonl` caches, named by the hash of prompts, target and sampling settings) are copied too, not generated again. For a later stage that keeps the earlier stages' data",
+    )
 
 
 class Train(Section):
     ttt_steps: PositiveInt = Field(7, description="training-time-test unroll length (below)")
     step_weight: PositiveNumber = Field(0.8, description="step k's loss is weighted `step_weight ** k`")
-    loss: Annotated[str | dict[str, float], AfterValidator(_loss), Says("an objective name (kl, lk, lk_log, lk_hybrid) or a mapping of them to weights")] = Field("kl", description="the objective of each draft step: `kl`, `lk`, `lk_log`, `lk_hybrid`, or a weighted mix such as `{kl: 0.5, lk_log: 0.5}` (**Objectives** below)")
+    loss: Annotated[
+        str | dict[str, float],
+        AfterValidator(_loss),
+        Says("an objective name (kl, lk, lk_log, lk_hybrid) or a mapping of them to weights"),
+    ] = Field(
+        "kl",
+        description="the objective of each draft step: `kl`, `lk`, `lk_log`, `lk_hybrid`, or a weighted mix such as `{kl: 0.5, lk_log: 0.5}` (**Objectives** below)",
+    )
     lk_eta: NonNegative = Field(3.0, description="`lk_hybrid`: the KL weight is `exp(-lk_eta * mean acceptance)`")
     epochs: PositiveInt = Field(1, description="passes over the training split (when `max_steps` is null)")
     max_steps: PositiveInt | None = Field(None, description="optimizer steps; overrides `epochs`")
     batch_size: PositiveInt = Field(4, description="samples per process per micro-step")
-    group_by_length: bool = Field(True, description="batches of samples of similar length (groups of 32 batches sorted by length, batches in random order), as transformers' `group_by_length`: less padding, so fewer wasted tokens per step. `false`: plain random batches")
+    group_by_length: bool = Field(
+        True,
+        description="batches of samples of similar length (groups of 32 batches sorted by length, batches in random order), as transformers' `group_by_length`: less padding, so fewer wasted tokens per step. `false`: plain random batches",
+    )
     # several samples a row, each attended, positioned and scored as if alone (training/batching.py)
-    packing: bool = Field(False, description="several samples a row (**Packing** below): each micro-step trains `batch_size` rows of up to `pack_tokens` tokens; replaces `group_by_length`. The held-out evaluation stays one sample a row")
-    pack_tokens: PositiveInt | None = Field(None, description="tokens per packed row (a longer sample gets a row of its own); `null`: the longest training sample's length (at most `data.max_length`)")
+    packing: bool = Field(
+        False,
+        description="several samples a row (**Packing** below): each micro-step trains `batch_size` rows of up to `pack_tokens` tokens; replaces `group_by_length`. The held-out evaluation stays one sample a row",
+    )
+    pack_tokens: PositiveInt | None = Field(
+        None,
+        description="tokens per packed row (a longer sample gets a row of its own); `null`: the longest training sample's length (at most `data.max_length`)",
+    )
     grad_accum: PositiveInt = Field(1, description="micro-steps per optimizer step")
     lr: PositiveNumber = Field(5e-4, description="peak learning rate (AdamW)")
     weight_decay: NonNegative = Field(0.0, description="AdamW weight decay")
-    betas: Annotated[list[Annotated[float, Field(ge=0, lt=1)]], Field(min_length=2, max_length=2), Says("a list of two numbers in [0, 1), like [0.9, 0.95]")] = Field([0.9, 0.95], description="AdamW betas")
+    betas: Annotated[
+        list[Annotated[float, Field(ge=0, lt=1)]],
+        Field(min_length=2, max_length=2),
+        Says("a list of two numbers in [0, 1), like [0.9, 0.95]"),
+    ] = Field([0.9, 0.95], description="AdamW betas")
     warmup_steps: Count = Field(50, description="linear warm-up, then cosine decay to 10% of `lr` at the last step")
     grad_clip: PositiveNumber = Field(0.5, description="gradient norm clipping")
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", description="`auto`: bf16 autocast on GPUs that support it (fp16 on older ones) and on CPUs with bf16 units (AVX512-BF16 or AMX), none on other CPUs (bf16 runs ~4x slower there); or `no`, `bf16`, `fp16`. The draft's weights stay fp32")
-    gradient_checkpointing: bool = Field(False, description="recompute the draft layer in the backward pass (same gradients, less memory)")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field(
+        "auto",
+        description="`auto`: bf16 autocast on GPUs that support it (fp16 on older ones) and on CPUs with bf16 units (AVX512-BF16 or AMX), none on other CPUs (bf16 runs ~4x slower there); or `no`, `bf16`, `fp16`. The draft's weights stay fp32",
+    )
+    gradient_checkpointing: bool = Field(
+        False, description="recompute the draft layer in the backward pass (same gradients, less memory)"
+    )
     save_every: PositiveInt = Field(100, description="checkpoint every N steps (and at the end)")
     eval_every: PositiveInt = Field(100, description="evaluate the held-out split every N steps (and at the end)")
     log_every: PositiveInt = Field(10, description="TensorBoard and progress bar every N steps")
     keep_checkpoints: PositiveInt = Field(2, description="checkpoints kept")
-    seed: int = Field(0, description="the draft's initialisation and the order of the batches; also the data's seed unless `data.seed` is set")
+    seed: int = Field(
+        0, description="the draft's initialisation and the order of the batches; also the data's seed unless `data.seed` is set"
+    )
     num_threads: PositiveInt | None = Field(None, description="torch CPU threads (set 1 when other work shares the cores)")
 
 
 class Lora(Section):
-    enabled: bool = Field(False, description="train LoRA adapters (peft) on the draft of `draft.init_from` instead of all weights")
+    enabled: bool = Field(
+        False, description="train LoRA adapters (peft) on the draft of `draft.init_from` instead of all weights"
+    )
     r: PositiveInt = Field(16, description="LoRA rank: the inner width of each adapter")
     alpha: PositiveNumber = Field(32, description="LoRA scaling: an adapter's output is multiplied by `alpha / r`")
-    dropout: Annotated[float, Field(ge=0, lt=1), Says("a number in [0, 1)")] = Field(0.0, description="dropout on the adapters' input while training")
-    target_modules: Texts = Field(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"], description="draft modules that get adapters (add `fc` or `lm_head` if needed)")
+    dropout: Annotated[float, Field(ge=0, lt=1), Says("a number in [0, 1)")] = Field(
+        0.0, description="dropout on the adapters' input while training"
+    )
+    target_modules: Texts = Field(
+        ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="draft modules that get adapters (add `fc` or `lm_head` if needed)",
+    )
 
 
 class Recipe(Section):
@@ -227,9 +363,17 @@ class Recipe(Section):
     lora: Lora = Field(Lora(), description="LoRA adapters on a continued draft")
     work_dir: str = Field("runs/draft", description="data, vocabulary, features, checkpoints, logs")
     output_dir: str | None = Field(None, description="the draft folder (default `work_dir/draft`)")
-    push_to_hub: str | None = Field(None, description="upload the draft folder to this repo id after training (`eagle3-hub push`); a failed upload keeps the folder and prints the command that retries it")
+    push_to_hub: str | None = Field(
+        None,
+        description="upload the draft folder to this repo id after training (`eagle3-hub push`); a failed upload keeps the folder and prints the command that retries it",
+    )
     private: bool = Field(False, description="create the repo private")
-    stages: Annotated[list[str | dict[str, Any]], Says("a list of changes to the stage before (mappings) or recipe files")] = Field([], description="later stages trained after this one in the same command, each a mapping of changes (or a recipe file) continuing the draft of the one before (**Stages** above)")
+    stages: Annotated[list[str | dict[str, Any]], Says("a list of changes to the stage before (mappings) or recipe files")] = (
+        Field(
+            [],
+            description="later stages trained after this one in the same command, each a mapping of changes (or a recipe file) continuing the draft of the one before (**Stages** above)",
+        )
+    )
 
 
 def _default(info: FieldInfo):
@@ -283,7 +427,9 @@ def expected(tp, metadata: list | tuple = ()) -> str:
         return "a mapping"
     if _is_model(tp):
         return f"a mapping of {', '.join(tp.model_fields)}"
-    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(tp, getattr(tp, "__name__", str(tp)))
+    return {bool: "true or false", int: "an integer", float: "a number", str: "a string"}.get(
+        tp, getattr(tp, "__name__", str(tp))
+    )
 
 
 def field_expected(info: FieldInfo) -> str:
@@ -294,7 +440,9 @@ def _shown(value) -> str:
     return json.dumps(value, default=str)
 
 
-def error_line(error: Mapping[str, Any], prefix: str = "", flags: bool = False, given=None, root: type[BaseModel] = Recipe) -> str:
+def error_line(
+    error: Mapping[str, Any], prefix: str = "", flags: bool = False, given=None, root: type[BaseModel] = Recipe
+) -> str:
     """One pydantic error -> ``<prefix>train.lr must be a positive number (default 0.0005), got true``: the key (with
     the index of a list entry whose own key is bad), what it must be, its default, and the value ``given`` there
     (``flags``: as the ``--key=value`` flag it came from)."""
@@ -341,13 +489,16 @@ def _types(tp) -> list:
 def _first(errors: list[ErrorDetails], depth: int | None = None) -> ErrorDetails:
     """The error of the first bad key (of its first bad list entry), and of the errors of its value (one per branch
     of a union), the one that got furthest."""
+
     def key(e):
         loc = e["loc"]
         n = depth or (2 if loc[0] in sections() else 1)
-        return loc[:n] + tuple(x for x in loc[n:n + 1] if isinstance(x, int))
+        return loc[:n] + tuple(x for x in loc[n : n + 1] if isinstance(x, int))
+
     first = key(errors[0])
-    return max((e for e in errors if key(e) == first),
-               key=lambda e: (e["type"] != "missing", len(e["loc"]), e["type"] == "value_error"))
+    return max(
+        (e for e in errors if key(e) == first), key=lambda e: (e["type"] != "missing", len(e["loc"]), e["type"] == "value_error")
+    )
 
 
 def validate(recipe: dict, prefix: str = "", flags: bool = False) -> None:
@@ -369,8 +520,7 @@ def validate_key(dotted: str, value, prefix: str = "") -> None:
         TypeAdapter(tp, config=Section.model_config).validate_python(value)
     except ValidationError as e:
         section, _, key = dotted.rpartition(".")
-        errors = [ErrorDetails(**{**x, "loc": (*(section.split(".") if section else ()), key, *x["loc"])})
-                  for x in e.errors()]
+        errors = [ErrorDetails(**{**x, "loc": (*(section.split(".") if section else ()), key, *x["loc"])}) for x in e.errors()]
         given: Any = value
         for part in reversed([*section.split("."), key] if section else [key]):
             given = {part: given}
@@ -388,8 +538,9 @@ def takes_text(dotted: str) -> str:
     info = field_info(dotted)
     if info is None:
         return ""
-    args = typing.get_args(info.annotation) if typing.get_origin(info.annotation) in (Union, types.UnionType) else (
-        info.annotation,)
+    args = (
+        typing.get_args(info.annotation) if typing.get_origin(info.annotation) in (Union, types.UnionType) else (info.annotation,)
+    )
     kinds = [a for a in args if a is not type(None)]
     text = all(a is str or typing.get_origin(a) is Literal for a in kinds)
     return ("or null" if type(None) in args else "text") if text else ""

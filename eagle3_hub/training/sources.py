@@ -27,8 +27,17 @@ from .recipe_schema import RECORD_SUFFIXES, TEXT_KEYS, Source, defaults, validat
 
 logger = logging.getLogger(__name__)
 
-_ROLE_MAP = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "chatgpt": "assistant",
-             "bard": "assistant", "bing": "assistant", "model": "assistant", "system": "system"}
+_ROLE_MAP = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "chatgpt": "assistant",
+    "bard": "assistant",
+    "bing": "assistant",
+    "model": "assistant",
+    "system": "system",
+}
 _PROMPT_FIELDS = ("prompt", "question", "instruction", "input", "text", "query")
 _RESPONSE_FIELDS = ("response", "answer", "output", "completion")
 
@@ -44,9 +53,11 @@ TEXT_OPENING_CHARS, TEXT_MAX_CHARS = TEXT_OPTIONS["opening_chars"], TEXT_OPTIONS
 def normalise_example(example: dict) -> dict:
     """One record of any supported shape -> {"messages": [...]} (empty list when nothing usable)."""
     if example.get("messages"):
-        msgs = [{"role": _ROLE_MAP.get(str(m.get("role", "")).lower(), None), "content": m.get("content")} for m in example["messages"]]
+        msgs = [{"role": _ROLE_MAP.get(str(m.get("role", "")).lower()), "content": m.get("content")} for m in example["messages"]]
     elif example.get("conversations"):
-        msgs = [{"role": _ROLE_MAP.get(str(m.get("from", "")).lower(), None), "content": m.get("value")} for m in example["conversations"]]
+        msgs = [
+            {"role": _ROLE_MAP.get(str(m.get("from", "")).lower()), "content": m.get("value")} for m in example["conversations"]
+        ]
     else:
         text = next((example[f] for f in _PROMPT_FIELDS if isinstance(example.get(f), str) and example[f].strip()), None)
         extra = example.get("input")
@@ -117,8 +128,7 @@ def text_samples(documents, opening_chars: int = TEXT_OPENING_CHARS, max_chars: 
             cut, after = _break(piece, min(opening_chars, len(piece) // 2))
             opening, continuation = piece[:cut].rstrip(), piece[after:].lstrip("\n")
             if opening.strip() and continuation.strip():
-                out.append({"messages": [{"role": "user", "content": opening},
-                                         {"role": "assistant", "content": continuation}]})
+                out.append({"messages": [{"role": "user", "content": opening}, {"role": "assistant", "content": continuation}]})
     return out
 
 
@@ -133,8 +143,10 @@ def _text_file(path: str) -> str:
     bad = text.count("\ufffd") - data.decode("utf-8", errors="ignore").count("\ufffd")
     if b"\0" in data or bad > BINARY_SHARE * max(len(text), 1):
         why = "it holds NUL bytes" if b"\0" in data else f"{bad} of its characters do not decode"
-        raise DataError(f"{path} is not UTF-8 text ({why}: a binary file?): a `kind: text` source reads its "
-                        ".txt/.md files as documents. Remove it, or convert it to UTF-8 text.")
+        raise DataError(
+            f"{path} is not UTF-8 text ({why}: a binary file?): a `kind: text` source reads its "
+            ".txt/.md files as documents. Remove it, or convert it to UTF-8 text."
+        )
     if bad:
         logger.warning("%s: %d bytes are not UTF-8, read as replacement characters.", path, bad)
     return text
@@ -146,8 +158,10 @@ def _documents(path: str, files: list[str], records: Dataset | None, field: str,
     docs = [_text_file(f) for f in files if f.endswith(suffixes)]
     if records is not None:
         if field not in records.column_names:
-            raise DataError(f"{path}: a `kind: text` source reads each record's `{field}` field, but its fields are "
-                            f"{', '.join(records.column_names)}: set `field` to the one that holds the text.")
+            raise DataError(
+                f"{path}: a `kind: text` source reads each record's `{field}` field, but its fields are "
+                f"{', '.join(records.column_names)}: set `field` to the one that holds the text."
+            )
         docs += [t for t in records[field] if isinstance(t, str)]
     return docs
 

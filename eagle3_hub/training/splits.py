@@ -40,10 +40,12 @@ def take_generations(runs: list, work: Path) -> list[str]:
 def data_key(recipe: dict, tokenizer) -> dict:
     """What the tokenised data depends on: a different key rebuilds it (the `datasets` cache keeps reruns cheap)."""
     target = {k: v for k, v in recipe["target"].items() if k != "dtype"}
-    data = {k: v for k, v in recipe["data"].items()
-            if not (k == "seed" and v is None) and k not in ("regenerate_with", "regenerate_draft")}
-    return {"data": data, "seed": data_seed(recipe), "target": target,
-            "tokenizer": getattr(tokenizer, "name_or_path", None)}
+    data = {
+        k: v
+        for k, v in recipe["data"].items()
+        if not (k == "seed" and v is None) and k not in ("regenerate_with", "regenerate_draft")
+    }
+    return {"data": data, "seed": data_seed(recipe), "target": target, "tokenizer": getattr(tokenizer, "name_or_path", None)}
 
 
 def held_out_split(tok: Dataset, eval_samples: int, seed: int) -> DatasetDict:
@@ -55,8 +57,10 @@ def held_out_split(tok: Dataset, eval_samples: int, seed: int) -> DatasetDict:
     if len(eligible) == len(tok):
         split = tok.train_test_split(test_size=n_eval, seed=seed)
     elif not eligible:
-        raise DataError("Every data source is marked `eval: false`: leave at least one source (or `data.synthesize`) "
-                        "without it, so that the held-out split has samples no stage trained on.")
+        raise DataError(
+            "Every data source is marked `eval: false`: leave at least one source (or `data.synthesize`) "
+            "without it, so that the held-out split has samples no stage trained on."
+        )
     else:
         held = set(random.Random(seed).sample(eligible, min(n_eval, len(eligible))))
         split = DatasetDict(train=tok.select([i for i in range(len(tok)) if i not in held]), test=tok.select(sorted(held)))
@@ -82,13 +86,26 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator):
             print(f"[data] the data settings changed since {final} was written: rebuilding it")
         take_generations(recipe["features"].get("reuse_from") or [], work)
         convs = build_conversations(
-            d["sources"], target, tokenizer, work, seed=data_seed(recipe), synthesize=d["synthesize"],
-            regenerate_responses=d["regenerate"], max_new_tokens=d["max_new_tokens"], temperature=d["temperature"],
-            batch_size=d["gen_batch_size"], max_turns=d["max_turns"], strip_patterns=d["strip_patterns"],
-            synthesize_seed=d["synthesize_seed"], synthesize_openers=d["synthesize_openers"],
-            synthesize_batch_size=d["synthesize_batch_size"], regenerate_with=d["regenerate_with"],
-            regenerate_draft=d["regenerate_draft"], target_name=recipe["target"]["name"],
-            answer_sampling=d["answer_sampling"], max_repeat_share=d["max_repeat_share"],
+            d["sources"],
+            target,
+            tokenizer,
+            work,
+            seed=data_seed(recipe),
+            synthesize=d["synthesize"],
+            regenerate_responses=d["regenerate"],
+            max_new_tokens=d["max_new_tokens"],
+            temperature=d["temperature"],
+            batch_size=d["gen_batch_size"],
+            max_turns=d["max_turns"],
+            strip_patterns=d["strip_patterns"],
+            synthesize_seed=d["synthesize_seed"],
+            synthesize_openers=d["synthesize_openers"],
+            synthesize_batch_size=d["synthesize_batch_size"],
+            regenerate_with=d["regenerate_with"],
+            regenerate_draft=d["regenerate_draft"],
+            target_name=recipe["target"]["name"],
+            answer_sampling=d["answer_sampling"],
+            max_repeat_share=d["max_repeat_share"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
         if len(tok) < 2:

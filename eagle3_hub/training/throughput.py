@@ -55,8 +55,12 @@ def matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32) -> dic
     """{"flops": FLOP/s, "device", "dtype", "threads", "torch", "matmul"}: measured (ten rounds) the first time, then
     read from the cache after a short check (three rounds) that keeps the higher of the two: on a shared machine the
     cached peak rises towards the machine's own with each quieter run."""
-    key = {"device": device_name(device), "dtype": str(dtype).removeprefix("torch."),
-           "threads": torch.get_num_threads() if device.type == "cpu" else None, "torch": torch.__version__}
+    key = {
+        "device": device_name(device),
+        "dtype": str(dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads() if device.type == "cpu" else None,
+        "torch": torch.__version__,
+    }
     path = cache_dir() / "measurements" / "matmul_peak.json"
     try:
         known = json.loads(path.read_text())
@@ -114,6 +118,12 @@ class Throughput:
 
     def report(self) -> dict:
         """``training_metrics.json``'s ``throughput``."""
-        return {"tokens": self.tokens, "train_seconds": round(self.seconds, 1), "tokens_per_s": round(self.tokens_per_s, 1),
-                "model_flops_per_token": self.flops_per_token, "peak_flops": self.peak["flops"],
-                "peak_share": self.peak_share, "peak_measured_on": {k: self.peak.get(k) for k in ("device", "dtype", "threads", "torch")}}
+        return {
+            "tokens": self.tokens,
+            "train_seconds": round(self.seconds, 1),
+            "tokens_per_s": round(self.tokens_per_s, 1),
+            "model_flops_per_token": self.flops_per_token,
+            "peak_flops": self.peak["flops"],
+            "peak_share": self.peak_share,
+            "peak_measured_on": {k: self.peak.get(k) for k in ("device", "dtype", "threads", "torch")},
+        }

@@ -49,16 +49,22 @@ def render_with_mask(tokenizer, messages: list[dict], max_length: int) -> dict:
     return {"input_ids": enc["input_ids"][:max_length], "loss_mask": mask, "truncated": n > max_length}
 
 
-def tokenize_dataset(ds: Dataset, tokenizer, max_length: int, num_proc: int | None = None, min_loss_tokens: int = 1) -> tuple[Dataset, dict]:
+def tokenize_dataset(
+    ds: Dataset, tokenizer, max_length: int, num_proc: int | None = None, min_loss_tokens: int = 1
+) -> tuple[Dataset, dict]:
     """Tokenise with loss masks. Long samples are truncated to ``max_length`` (no packing), samples without loss
     tokens dropped; both are counted in the returned report."""
     if not tokenizer.chat_template:
         raise DataError("The tokenizer has no chat template: set `chat_template` in the recipe or use a chat model.")
     # datasets hashes module functions by name: name the code, the tokenizer and the length in the cache key
     fingerprint = Hasher.hash((ds._fingerprint, inspect.getsource(render_with_mask), tokenizer, max_length))
-    out = ds.map(lambda ex: render_with_mask(tokenizer, ex["messages"], max_length),
-                 remove_columns=[c for c in ds.column_names if c != "eval_ok"],
-                 num_proc=num_proc, desc="tokenise", new_fingerprint=fingerprint)
+    out = ds.map(
+        lambda ex: render_with_mask(tokenizer, ex["messages"], max_length),
+        remove_columns=[c for c in ds.column_names if c != "eval_ok"],
+        num_proc=num_proc,
+        desc="tokenise",
+        new_fingerprint=fingerprint,
+    )
     n_trunc = sum(out["truncated"])
     kept = out.filter(lambda ex: sum(ex["loss_mask"]) >= min_loss_tokens, desc="drop samples without loss tokens")
     report = {"samples": len(out), "truncated": n_trunc, "dropped_no_loss_tokens": len(out) - len(kept), "kept": len(kept)}

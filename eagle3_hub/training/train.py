@@ -89,10 +89,20 @@ def train(recipe: dict, resume: bool = False, overwrite: bool = False, data_only
     draft, optimizer, scheduler = make_optimizer(draft, t, total_steps, accelerator)
     online = recipe["features"]["mode"] == "online"
     peak = matmul_peak(accelerator.device, torch.bfloat16 if accelerator.mixed_precision == "bf16" else torch.float32)
-    run = Run(accelerator=accelerator, recipe=recipe, draft=draft, optimizer=optimizer, scheduler=scheduler,
-              features=features, train_loader=train_loader, eval_loader=eval_loader, generator=generator,
-              total_steps=total_steps, run_id=run_id(identity),
-              throughput=Throughput(model_flops_per_token(draft, target, t["ttt_steps"], online), peak))
+    run = Run(
+        accelerator=accelerator,
+        recipe=recipe,
+        draft=draft,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        features=features,
+        train_loader=train_loader,
+        eval_loader=eval_loader,
+        generator=generator,
+        total_steps=total_steps,
+        run_id=run_id(identity),
+        throughput=Throughput(model_flops_per_token(draft, target, t["ttt_steps"], online), peak),
+    )
     progress = start_or_resume(run, identity, resume)
     if init is not None and progress.step == 0:  # a continued draft: its score on this held-out split before any step
         evaluate_into(run, progress.eval_history, 0)
@@ -132,13 +142,25 @@ class Progress:
     @classmethod
     def from_state(cls, state: dict) -> Progress:
         """The progress a checkpoint's trainer state records."""
-        return cls(state["step"], state["epoch"], state["batches_in_epoch"], state["eval_history"],
-                   state.get("wall_time_s", 0.0), state.get("tokens", 0))
+        return cls(
+            state["step"],
+            state["epoch"],
+            state["batches_in_epoch"],
+            state["eval_history"],
+            state.get("wall_time_s", 0.0),
+            state.get("tokens", 0),
+        )
 
     def state(self, wall: float) -> dict:
         """The trainer state of a checkpoint, ``wall`` seconds into the run."""
-        return {"step": self.step, "epoch": self.epoch, "batches_in_epoch": self.batches_in_epoch,
-                "eval_history": self.eval_history, "wall_time_s": wall, "tokens": self.tokens}
+        return {
+            "step": self.step,
+            "epoch": self.epoch,
+            "batches_in_epoch": self.batches_in_epoch,
+            "eval_history": self.eval_history,
+            "wall_time_s": wall,
+            "tokens": self.tokens,
+        }
 
 
 def check_recipe(recipe: dict) -> None:
@@ -152,11 +174,15 @@ def check_recipe(recipe: dict) -> None:
     if recipe["lora"]["enabled"] and not d["init_from"]:
         raise ValueError("lora.enabled adapts an existing draft: set draft.init_from to its folder or Hub id.")
     if d["reselect_vocab"] and not d["init_from"]:
-        raise ValueError("draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from: set "
-                         "init_from, or leave reselect_vocab false (a new draft always takes its vocabulary from the data).")
+        raise ValueError(
+            "draft.reselect_vocab chooses a new vocabulary for the draft of draft.init_from: set "
+            "init_from, or leave reselect_vocab false (a new draft always takes its vocabulary from the data)."
+        )
     if d["reselect_vocab"] and recipe["lora"]["enabled"]:
-        raise ValueError("draft.reselect_vocab changes the draft's lm_head, but LoRA adapters are saved for the draft "
-                         "as it is: turn one of them off.")
+        raise ValueError(
+            "draft.reselect_vocab changes the draft's lm_head, but LoRA adapters are saved for the draft "
+            "as it is: turn one of them off."
+        )
     if not data["sources"] and not data["synthesize"]:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
 
@@ -179,8 +205,13 @@ def start_accelerator(recipe: dict, previous: str | None) -> Accelerator:
         torch.set_num_threads(int(t["num_threads"]))
     mp = resolve_mixed_precision(t["mixed_precision"])
     # the scheduler is stepped once per optimizer step here (accelerate would step it once per process)
-    accelerator = Accelerator(mixed_precision=mp, gradient_accumulation_steps=t["grad_accum"],
-                              log_with="tensorboard", project_dir=str(work), step_scheduler_with_optimizer=False)
+    accelerator = Accelerator(
+        mixed_precision=mp,
+        gradient_accumulation_steps=t["grad_accum"],
+        log_with="tensorboard",
+        project_dir=str(work),
+        step_scheduler_with_optimizer=False,
+    )
     set_seed(t["seed"])
     if accelerator.is_main_process:  # before this run's logs start: an older run moves aside whole
         if previous is not None:
@@ -195,9 +226,15 @@ def draft_vocabulary(recipe: dict, train_ds, tokenizer, target, init, accelerato
     init_ids = None
     if init is not None:
         init_ids = init.draft_to_target_ids(torch.arange(init.config.draft_vocab_size, device=init.d2t.device))
-    vocab_ids, vocab_info = prepare_vocab(recipe, train_ds, tokenizer, target.config.get_text_config().vocab_size,
-                                          draft_ids=init_ids, reselect=recipe["draft"]["reselect_vocab"],
-                                          write=accelerator.is_main_process)
+    vocab_ids, vocab_info = prepare_vocab(
+        recipe,
+        train_ds,
+        tokenizer,
+        target.config.get_text_config().vocab_size,
+        draft_ids=init_ids,
+        reselect=recipe["draft"]["reselect_vocab"],
+        write=accelerator.is_main_process,
+    )
     accelerator.wait_for_everyone()
     return vocab_ids, vocab_info
 
@@ -228,8 +265,9 @@ def start_or_resume(run: Run, identity: dict, resume: bool) -> Progress:
     if last is not None:
         accelerator.load_state(str(last))
         progress = Progress.from_state(read_state(last))
-        accelerator.print(f"[resume] from {last} (step {progress.step}, epoch {progress.epoch}, "
-                          f"batch {progress.batches_in_epoch})")
+        accelerator.print(
+            f"[resume] from {last} (step {progress.step}, epoch {progress.epoch}, batch {progress.batches_in_epoch})"
+        )
     if accelerator.is_main_process:
         (work / FINISHED).unlink(missing_ok=True)  # this run is not finished (yet)
         record_run(work, identity)
@@ -292,17 +330,33 @@ def fit(run: Run, progress: Progress, vocab_size: int) -> tuple[dict, float]:
                         accelerator.print(warning)
                 if p.step % t["log_every"] == 0 or p.step == total_steps:
                     acc0 = (out.step_correct[0] / out.step_count[0].clamp(min=1)).item()
-                    logs = {"loss": out.loss.item(), "acc0": acc0, "lr": scheduler.get_last_lr()[0],
-                            "tokens_per_s": run.throughput.tokens_per_s, "peak_share": run.throughput.peak_share,
-                            "masked_share": masked_share(*masked.tolist())}
-                    bar.set_postfix(loss=f"{logs['loss']:.3f}", acc0=f"{acc0:.2f}", masked=f"{logs['masked_share']:.0%}",
-                                    tok_s=f"{logs['tokens_per_s']:.0f}", peak=f"{logs['peak_share']:.1%}")
+                    logs = {
+                        "loss": out.loss.item(),
+                        "acc0": acc0,
+                        "lr": scheduler.get_last_lr()[0],
+                        "tokens_per_s": run.throughput.tokens_per_s,
+                        "peak_share": run.throughput.peak_share,
+                        "masked_share": masked_share(*masked.tolist()),
+                    }
+                    bar.set_postfix(
+                        loss=f"{logs['loss']:.3f}",
+                        acc0=f"{acc0:.2f}",
+                        masked=f"{logs['masked_share']:.0%}",
+                        tok_s=f"{logs['tokens_per_s']:.0f}",
+                        peak=f"{logs['peak_share']:.1%}",
+                    )
                     accelerator.log(logs, step=p.step)
                 if p.step % t["eval_every"] == 0 or p.step == total_steps:
                     evaluate_into(run, p.eval_history, p.step, p.tokens)
                 if p.step % t["save_every"] == 0 or p.step == total_steps:
-                    save_checkpoint(accelerator, ckpt_root, p.step, p.state(p.wall_before + time.time() - t0),
-                                    t["keep_checkpoints"], run.run_id)
+                    save_checkpoint(
+                        accelerator,
+                        ckpt_root,
+                        p.step,
+                        p.state(p.wall_before + time.time() - t0),
+                        t["keep_checkpoints"],
+                        run.run_id,
+                    )
                 if p.step >= total_steps:
                     break
             else:
@@ -323,10 +377,13 @@ def finish(run: Run, progress: Progress, state_dict: dict, wall: float, vocab_in
     out_dir = Path(recipe["output_dir"])
     if accelerator.is_main_process:
         model = accelerator.unwrap_model(run.draft)
-        metrics = training_metrics(recipe, vocab_info, progress.step, progress.eval_history, wall, earlier,
-                                   run.throughput.report())
+        metrics = training_metrics(
+            recipe, vocab_info, progress.step, progress.eval_history, wall, earlier, run.throughput.report()
+        )
         export_draft(model, out_dir, metrics=metrics, state_dict=state_dict)
-        atomic_write_json(Path(recipe["work_dir"]) / FINISHED, {"output_dir": str(out_dir), "steps": progress.step,
-                                                                "wall_time_s": round(wall, 1), "run_id": run.run_id})
+        atomic_write_json(
+            Path(recipe["work_dir"]) / FINISHED,
+            {"output_dir": str(out_dir), "steps": progress.step, "wall_time_s": round(wall, 1), "run_id": run.run_id},
+        )
         accelerator.print(f"[done] draft written to {out_dir} ({progress.step} steps, {wall / 60:.1f} min)")
     return out_dir

@@ -68,7 +68,9 @@ def document_mask(document_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tenso
     s = document_ids.shape[1]
     causal = torch.ones(s, s, dtype=torch.bool, device=document_ids.device).tril()
     allowed = (document_ids[:, :, None] == document_ids[:, None, :]) & causal
-    return torch.zeros(allowed.shape, dtype=dtype, device=document_ids.device).masked_fill(~allowed, torch.finfo(dtype).min)[:, None]
+    return torch.zeros(allowed.shape, dtype=dtype, device=document_ids.device).masked_fill(~allowed, torch.finfo(dtype).min)[
+        :, None
+    ]
 
 
 def step_masks(config, base: torch.Tensor, positions: torch.Tensor, step: int) -> torch.Tensor | dict[str, torch.Tensor]:
@@ -181,11 +183,23 @@ def ttt_loss(
         mask = step_masks(core.config, base, positions, k)
         # logits only where the loss scores them: the draft's lm_head is most of a step's cost
         if hidden is None:
-            out = draft(input_ids=ids_k, target_hidden_states=aux_hidden_states, position_ids=positions,
-                        attention_mask=mask, ttt_cache=ttt_cache, logits_to_keep=valid)
+            out = draft(
+                input_ids=ids_k,
+                target_hidden_states=aux_hidden_states,
+                position_ids=positions,
+                attention_mask=mask,
+                ttt_cache=ttt_cache,
+                logits_to_keep=valid,
+            )
         else:
-            out = draft(input_ids=ids_k, hidden_states=hidden, position_ids=positions + k,
-                        attention_mask=mask, ttt_cache=ttt_cache, logits_to_keep=valid)
+            out = draft(
+                input_ids=ids_k,
+                hidden_states=hidden,
+                position_ids=positions + k,
+                attention_mask=mask,
+                ttt_cache=ttt_cache,
+                logits_to_keep=valid,
+            )
         hidden = out.hidden_states
         logp = F.log_softmax(out.logits.float(), dim=-1)  # (n, Vd)
         n = valid.sum()
@@ -230,14 +244,33 @@ def ttt_loss(
 
 def objective(draft, aux, batch, logits, t: dict, temperatures: tuple[float, ...] = ()) -> TTTOutput:
     """The TTT loss of a collated batch with the recipe's ``train`` settings ``t``."""
-    return ttt_loss(draft, aux, batch["input_ids"], logits, batch["loss_mask"], batch["attention_mask"],
-                    ttt_steps=t["ttt_steps"], step_weight=t["step_weight"], loss=t["loss"], lk_eta=t["lk_eta"],
-                    temperatures=temperatures, position_ids=batch.get("position_ids"),
-                    document_ids=batch.get("document_ids"))
+    return ttt_loss(
+        draft,
+        aux,
+        batch["input_ids"],
+        logits,
+        batch["loss_mask"],
+        batch["attention_mask"],
+        ttt_steps=t["ttt_steps"],
+        step_weight=t["step_weight"],
+        loss=t["loss"],
+        lk_eta=t["lk_eta"],
+        temperatures=temperatures,
+        position_ids=batch.get("position_ids"),
+        document_ids=batch.get("document_ids"),
+    )
 
 
-def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, step_alpha=None, chain_alpha=None,
-                       chain_alpha_at=None, temperatures: tuple[float, ...] = ()) -> dict:
+def acceptance_metrics(
+    step_correct,
+    step_count,
+    chain_correct,
+    chain_count,
+    step_alpha=None,
+    chain_alpha=None,
+    chain_alpha_at=None,
+    temperatures: tuple[float, ...] = (),
+) -> dict:
     """Per-position accuracy vs the target's argmax and the expected acceptance length of a chain
     (1 bonus token + the expected number of leading correct draft tokens): greedy decoding. With ``step_alpha`` and
     ``chain_alpha`` (sums of ``TTTOutput``), the same for speculative sampling at temperature 1: the chance that
@@ -253,5 +286,6 @@ def acceptance_metrics(step_correct, step_count, chain_correct, chain_count, ste
     if chain_alpha_at is not None:  # {"0.7": length}: the same, both sampled at each temperature
         out["expected_acceptance_length_at"] = {
             f"{t:g}": 1.0 + sum(c / max(chain_count.item(), 1) for c in row.tolist())
-            for t, row in zip(temperatures, chain_alpha_at)}
+            for t, row in zip(temperatures, chain_alpha_at)
+        }
     return out

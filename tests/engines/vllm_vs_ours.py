@@ -47,29 +47,60 @@ def ours_chain(target, draft, prompts: list[list[int]], k: int, max_new_tokens: 
     tokens, drafts, accepted, per_pos = [], 0, 0, [0] * k
     for ids in prompts:
         steps: list[int] = []
-        out = generate(target, draft, torch.tensor([ids], device=target.device), max_new_tokens=max_new_tokens,
-                       depth=k, tree_top_k=1,
-                       total_tokens=k, lookup_tokens=0, adaptive=False, min_node_prob=0.0, grow_min_prob=0.0,
-                       on_step=lambda toks, n_draft: steps.append(n_draft[0]))
-        tokens.append(out.sequences[0, len(ids):].tolist())
+        out = generate(
+            target,
+            draft,
+            torch.tensor([ids], device=target.device),
+            max_new_tokens=max_new_tokens,
+            depth=k,
+            tree_top_k=1,
+            total_tokens=k,
+            lookup_tokens=0,
+            adaptive=False,
+            min_node_prob=0.0,
+            grow_min_prob=0.0,
+            on_step=lambda toks, n_draft: steps.append(n_draft[0]),
+        )
+        tokens.append(out.sequences[0, len(ids) :].tolist())
         for n in steps[1:]:  # the first call is the prefill: no draft was verified
             drafts += 1
             accepted += n
             for i in range(n):
                 per_pos[i] += 1
     pad = target.generation_config.pad_token_id
-    tokens = [t[:len(t) - next((i for i, x in enumerate(reversed(t)) if x != pad), len(t))] if pad is not None else t
-              for t in tokens]
-    return {"tokens": tokens, "num_drafts": drafts, "num_accepted_tokens": accepted,
-            "mean_acceptance_length": 1 + accepted / max(drafts, 1),
-            "per_position_acceptance": [a / max(drafts, 1) for a in per_pos]}
+    tokens = [
+        t[: len(t) - next((i for i, x in enumerate(reversed(t)) if x != pad), len(t))] if pad is not None else t for t in tokens
+    ]
+    return {
+        "tokens": tokens,
+        "num_drafts": drafts,
+        "num_accepted_tokens": accepted,
+        "mean_acceptance_length": 1 + accepted / max(drafts, 1),
+        "per_position_acceptance": [a / max(drafts, 1) for a in per_pos],
+    }
 
 
-def run_vllm(python: str, target_dir: str, draft_dir: Path, prompts_file: Path, out: Path, k: int, max_tokens: int,
-             dtype: str) -> dict:
-    cmd = [python, str(HERE / "vllm_spec_decode.py"), "--target", target_dir, "--draft", str(draft_dir),
-           "--prompts", str(prompts_file), "--k", str(k), "--max-tokens", str(max_tokens), "--out", str(out),
-           "--dtype", dtype]
+def run_vllm(
+    python: str, target_dir: str, draft_dir: Path, prompts_file: Path, out: Path, k: int, max_tokens: int, dtype: str
+) -> dict:
+    cmd = [
+        python,
+        str(HERE / "vllm_spec_decode.py"),
+        "--target",
+        target_dir,
+        "--draft",
+        str(draft_dir),
+        "--prompts",
+        str(prompts_file),
+        "--k",
+        str(k),
+        "--max-tokens",
+        str(max_tokens),
+        "--out",
+        str(out),
+        "--dtype",
+        dtype,
+    ]
     with open(out.with_suffix(".log"), "w") as log:
         proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
@@ -89,7 +120,8 @@ def compare(vllm: dict, ours: dict) -> dict:
         "ours_mean_acceptance_length": ours["mean_acceptance_length"],
         "vllm_per_position_acceptance": m.get("per_position_acceptance"),
         "ours_per_position_acceptance": ours["per_position_acceptance"],
-        "vllm_num_drafts": m.get("num_drafts"), "ours_num_drafts": ours["num_drafts"],
+        "vllm_num_drafts": m.get("num_drafts"),
+        "ours_num_drafts": ours["num_drafts"],
     }
 
 
@@ -116,13 +148,31 @@ def main(argv=None) -> int:
         convert(src, str(draft_dir), to=args.layout)
     prompts = mt_bench_prompts(tokenizer, args.prompts)
     (args.out / "prompts.json").write_text(json.dumps(prompts))
-    vllm = run_vllm(args.vllm_python, target_dir, draft_dir, args.out / "prompts.json", args.out / "vllm.json",
-                    args.k, args.max_tokens, args.dtype)
+    vllm = run_vllm(
+        args.vllm_python,
+        target_dir,
+        draft_dir,
+        args.out / "prompts.json",
+        args.out / "vllm.json",
+        args.k,
+        args.max_tokens,
+        args.dtype,
+    )
     draft = Eagle3DraftModel.from_pretrained(src, target=target, dtype=torch.float32).to(device)
     ours = ours_chain(target, draft, prompts, args.k, args.max_tokens)
-    result = {"k": args.k, "max_tokens": args.max_tokens, "layout": args.layout, "target": args.target or "embedded",
-              "draft": src, "dtype": args.dtype, "device": device,
-              "vllm_version": vllm["vllm"], "comparison": compare(vllm, ours), "vllm": vllm, "ours": ours}
+    result = {
+        "k": args.k,
+        "max_tokens": args.max_tokens,
+        "layout": args.layout,
+        "target": args.target or "embedded",
+        "draft": src,
+        "dtype": args.dtype,
+        "device": device,
+        "vllm_version": vllm["vllm"],
+        "comparison": compare(vllm, ours),
+        "vllm": vllm,
+        "ours": ours,
+    }
     (args.out / "result.json").write_text(json.dumps(result, indent=1))
     print(json.dumps(result["comparison"], indent=1))
     return 0

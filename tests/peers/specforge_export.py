@@ -36,8 +36,13 @@ DRAFT_CONFIG = {  # SpecForge's configs/llama3-8B-eagle3.json keys, the sizes sc
     "num_hidden_layers": 1,
     "pad_token_id": 0,
     "rms_norm_eps": 1e-05,
-    "rope_scaling": {"factor": 8.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
-                     "original_max_position_embeddings": 256, "rope_type": "llama3"},
+    "rope_scaling": {
+        "factor": 8.0,
+        "high_freq_factor": 4.0,
+        "low_freq_factor": 1.0,
+        "original_max_position_embeddings": 256,
+        "rope_type": "llama3",
+    },
     "rope_theta": 500000.0,
     "tie_word_embeddings": False,
     "torch_dtype": "bfloat16",
@@ -80,8 +85,15 @@ def main(out: str) -> None:
         input_ids = torch.randint(3, 256, (1, 40), generator=g)
         hidden = exported(hidden_states=feats, inputs_embeds=exported.embed_input_ids(input_ids))
         logits = exported.lm_head(hidden)
-    save_file({"hidden_states": feats, "input_ids": input_ids, "embed_tokens": exported.embed_tokens.weight.detach(),
-               "logits": logits.contiguous()}, str(Path(out).parent / (Path(out).name + ".step.safetensors")))
+    save_file(
+        {
+            "hidden_states": feats,
+            "input_ids": input_ids,
+            "embed_tokens": exported.embed_tokens.weight.detach(),
+            "logits": logits.contiguous(),
+        },
+        str(Path(out).parent / (Path(out).name + ".step.safetensors")),
+    )
 
 
 if __name__ == "__main__":

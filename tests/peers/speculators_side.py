@@ -31,7 +31,10 @@ def train_default(job: dict) -> dict:
     from speculators.train.cli import build_draft_model
     from speculators.train.config.schema import TrainConfig
 
-    cfg = TrainConfig(verifier={"verifier_name_or_path": job["verifier"]}, draft={"draft_attn_impl": "eager", "mask_token_id": 0, **job.get("options", {})})
+    cfg = TrainConfig(
+        verifier={"verifier_name_or_path": job["verifier"]},
+        draft={"draft_attn_impl": "eager", "mask_token_id": 0, **job.get("options", {})},
+    )
     args = argparse.Namespace(**cfg.flatten())
     vocab = job.get("verifier_vocab_size")
     ids = job.get("draft_vocab_ids")
@@ -44,7 +47,7 @@ def train_default(job: dict) -> dict:
     torch.manual_seed(job.get("seed", 0))
     model = build_draft_model(args, Eagle3DraftModel, t2d, d2t, len(ids) if ids is not None else None)
     with torch.no_grad():  # a trained-looking draft: every trainable tensor random, none left at its init
-        for name, p in model.named_parameters():
+        for p in model.parameters():
             if p.requires_grad:
                 p.copy_(torch.randn_like(p) * (0.05 if p.dim() > 1 else 0.1) + (1.0 if p.dim() == 1 else 0.0))
     model.save_pretrained(job["out"])
@@ -89,8 +92,10 @@ def fixture(job: dict) -> dict:
     out = job["out"]
     saved = train_default({**job, "do": "train_default"})
     g = torch.Generator().manual_seed(1)
-    feats = {"hidden_states": torch.randn(1, 40, 3 * 64, generator=g) * 2.0,
-             "input_ids": torch.randint(3, 256, (1, 40), generator=g)}
+    feats = {
+        "hidden_states": torch.randn(1, 40, 3 * 64, generator=g) * 2.0,
+        "input_ids": torch.randint(3, 256, (1, 40), generator=g),
+    }
     save_file(feats, out + ".features.safetensors")
     forward({"draft": out, "features": out + ".features.safetensors", "out": out + ".theirs.safetensors"})
     step = {**feats, **{k: v for k, v in load_file(out + ".theirs.safetensors").items() if k == "logits"}}

@@ -154,8 +154,7 @@ def kept_slots(tree: Tree, keep) -> torch.Tensor:
     return index
 
 
-def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing,
-                history: Callable[[int, torch.Tensor], torch.Tensor]):
+def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing, history: Callable[[int, torch.Tensor], torch.Tensor]):
     """Walk the tree from the root, level by level (all rows at once): at each node accept one child by
     multi-candidate rejection sampling (greedy: the child equal to the argmax), else stop there and draw the bonus
     token. A node's logits come from the verification's kept slots (``logits``, ``keep``; a leaf's are computed when

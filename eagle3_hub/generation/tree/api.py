@@ -97,14 +97,30 @@ def generate(
             raise ValueError("stop_strings need the target's tokenizer: pass tokenizer=...")
         criteria.append(StopStringCriteria(tokenizer=tokenizer, stop_strings=stop_strings))
     config = (config or TreeConfig()).replace(
-        depth=depth, tree_top_k=tree_top_k, total_tokens=total_tokens, lookup_tokens=lookup_tokens,
-        min_node_prob=min_node_prob, grow_min_prob=grow_min_prob, draft_graph=draft_graph, adaptive=adaptive,
+        depth=depth,
+        tree_top_k=tree_top_k,
+        total_tokens=total_tokens,
+        lookup_tokens=lookup_tokens,
+        min_node_prob=min_node_prob,
+        grow_min_prob=grow_min_prob,
+        draft_graph=draft_graph,
+        adaptive=adaptive,
     )
     return _run(
-        target, draft, input_ids, attention_mask, config, Processing(processors, do_sample, generator),
-        max_new_tokens=max_new_tokens, eos_ids=_as_id_list(eos_token_id),
-        pad_id=getattr(target.generation_config, "pad_token_id", None), criteria=criteria, streamer=streamer,
-        on_step=on_step, trust_remote_code=trust_remote_code, proposer=proposer,
+        target,
+        draft,
+        input_ids,
+        attention_mask,
+        config,
+        Processing(processors, do_sample, generator),
+        max_new_tokens=max_new_tokens,
+        eos_ids=_as_id_list(eos_token_id),
+        pad_id=getattr(target.generation_config, "pad_token_id", None),
+        criteria=criteria,
+        streamer=streamer,
+        on_step=on_step,
+        trust_remote_code=trust_remote_code,
+        proposer=proposer,
     )
 
 
@@ -150,13 +166,28 @@ def tree_generate(
     pad_id = int(pad.flatten()[0]) if isinstance(pad, torch.Tensor) else generation_config.pad_token_id
     criteria = [c for c in stopping_criteria if not isinstance(c, (MaxLengthCriteria, EosTokenCriteria))]
     config = (tree_config or TreeConfig()).replace(
-        depth=depth, tree_top_k=tree_top_k, total_tokens=total_tokens, lookup_tokens=lookup_tokens,
-        min_node_prob=min_node_prob, grow_min_prob=grow_min_prob, draft_graph=draft_graph, adaptive=adaptive,
+        depth=depth,
+        tree_top_k=tree_top_k,
+        total_tokens=total_tokens,
+        lookup_tokens=lookup_tokens,
+        min_node_prob=min_node_prob,
+        grow_min_prob=grow_min_prob,
+        draft_graph=draft_graph,
+        adaptive=adaptive,
     )
     processing = Processing(logits_processor, bool(generation_config.do_sample), generator)
     out = _run(
-        model, draft, input_ids, model_kwargs.get("attention_mask"), config, processing,
-        max_new_tokens=max_new_tokens, eos_ids=eos_ids, pad_id=pad_id, criteria=criteria, streamer=eagle_streamer,
+        model,
+        draft,
+        input_ids,
+        model_kwargs.get("attention_mask"),
+        config,
+        processing,
+        max_new_tokens=max_new_tokens,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        criteria=criteria,
+        streamer=eagle_streamer,
         on_step=on_step,
     )
     return out if generation_config.return_dict_in_generate else out.sequences
@@ -174,9 +205,23 @@ def attention_kernels(device: torch.device | str):
     return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
 
-def _run(target, draft, input_ids, attention_mask, config: TreeConfig, processing: Processing, *, max_new_tokens: int,
-         eos_ids: list[int], pad_id: int | None, criteria: list, streamer, on_step,
-         trust_remote_code: bool | None = False, proposer: str = "draft") -> TreeDecodingOutput:
+def _run(
+    target,
+    draft,
+    input_ids,
+    attention_mask,
+    config: TreeConfig,
+    processing: Processing,
+    *,
+    max_new_tokens: int,
+    eos_ids: list[int],
+    pad_id: int | None,
+    criteria: list,
+    streamer,
+    on_step,
+    trust_remote_code: bool | None = False,
+    proposer: str = "draft",
+) -> TreeDecodingOutput:
     if proposer not in ("draft", "target"):
         raise ValueError(f"proposer must be 'draft' or 'target', got {proposer!r}")
     if proposer == "target":  # the ceiling of one fixed shape
@@ -185,8 +230,9 @@ def _run(target, draft, input_ids, attention_mask, config: TreeConfig, processin
     draft = _prepare_draft(draft, target, trust_remote_code)
     input_ids, attention_mask = _check_prompt(target, input_ids, attention_mask, max_new_tokens, streamer)
     weight = target.get_input_embeddings().weight
-    config = config.resolve(weight.device, weight.dtype, processing.do_sample, draft.config.draft_vocab_size,
-                            batch=input_ids.shape[0])
+    config = config.resolve(
+        weight.device, weight.dtype, processing.do_sample, draft.config.draft_vocab_size, batch=input_ids.shape[0]
+    )
     if pad_id is None:
         pad_id = eos_ids[0] if eos_ids else 0
     if max_new_tokens == 0:
@@ -194,8 +240,18 @@ def _run(target, draft, input_ids, attention_mask, config: TreeConfig, processin
             streamer.end()
         return TreeDecodingOutput(sequences=input_ids.clone(), stats=TreeDecodingStats())
 
-    decoder = TreeDecoder(target, draft, config, processing, eos_ids=eos_ids, pad_id=pad_id,
-                          max_new_tokens=max_new_tokens, criteria=criteria, streamer=streamer, on_step=on_step)
+    decoder = TreeDecoder(
+        target,
+        draft,
+        config,
+        processing,
+        eos_ids=eos_ids,
+        pad_id=pad_id,
+        max_new_tokens=max_new_tokens,
+        criteria=criteria,
+        streamer=streamer,
+        on_step=on_step,
+    )
     if proposer == "target":
         pads = (~attention_mask.bool()).sum(-1).tolist()  # left padding
         decoder.drafter = TargetProposer(decoder, target, config, processing, decoder.stats, pads)
@@ -299,9 +355,7 @@ def check_draft_fits_target(draft, target):
         if int(target_ids.min()) < 0 or int(target_ids.max()) >= cfg.vocab_size:
             problems.append(f"its d2t map sends draft ids outside the target's {cfg.vocab_size} tokens")
     if problems:
-        raise ValueError(
-            "This draft does not fit the target: " + "; ".join(problems) + ". Use a draft trained for this target."
-        )
+        raise ValueError("This draft does not fit the target: " + "; ".join(problems) + ". Use a draft trained for this target.")
 
 
 def _prepare_draft(draft, target, trust_remote_code: bool | None = False):
@@ -344,8 +398,15 @@ def _our_draft_class():
     return Eagle3DraftModel
 
 
-def load_draft(repo: str, target, revision: str | None = None, trust_remote_code: bool | None = False, *,
-               bind: bool = False, assist: bool = False):
+def load_draft(
+    repo: str,
+    target,
+    revision: str | None = None,
+    trust_remote_code: bool | None = False,
+    *,
+    bind: bool = False,
+    assist: bool = False,
+):
     """Load (once per target) the EAGLE-3 draft stored in ``repo`` (a Hub id or a folder), on the target's device
     and dtype: the one draft loader of eagle3-hub (tree decoding, ``custom_generate``, the bench, the demo, training).
 

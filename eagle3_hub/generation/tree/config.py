@@ -14,15 +14,18 @@ import torch
 # with bf16 units it is nearly flat, so wider unpruned trees pay; on CUDA it is flat up to large trees and the draft
 # runs as a CUDA graph of one shape (no pruning, which changes the shape).
 TREE_DEFAULTS: dict[str, dict[str, float]] = {
-    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1,
-            "grow_min_prob": 0.0},
-    "cpu-bfloat16": {"depth": 3, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0,
-                     "grow_min_prob": 0.0},
+    "cpu": {"depth": 3, "top_k": 4, "total_tokens": 8, "lookup_tokens": 20, "min_node_prob": 0.1, "grow_min_prob": 0.0},
+    "cpu-bfloat16": {"depth": 3, "top_k": 8, "total_tokens": 6, "lookup_tokens": 20, "min_node_prob": 0.0, "grow_min_prob": 0.0},
     # sampling accepts fewer tokens per node than greedy, and a wider tree keeps more of the target's mass
-    "cpu-bfloat16-sampling": {"depth": 3, "top_k": 8, "total_tokens": 10, "lookup_tokens": 0, "min_node_prob": 0.0,
-                              "grow_min_prob": 0.0},
-    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0,
-             "grow_min_prob": 0.0},
+    "cpu-bfloat16-sampling": {
+        "depth": 3,
+        "top_k": 8,
+        "total_tokens": 10,
+        "lookup_tokens": 0,
+        "min_node_prob": 0.0,
+        "grow_min_prob": 0.0,
+    },
+    "cuda": {"depth": 6, "top_k": 10, "total_tokens": 60, "lookup_tokens": 20, "min_node_prob": 0.0, "grow_min_prob": 0.0},
 }
 # Smaller trees for batches, from a batch size on: a CPU verifies b rows at about b times one row's cost, so each
 # row's tree must be cheaper (measured at batch 4 on a bf16 CPU; other rows keep their batch-1 trees).
@@ -32,8 +35,9 @@ BATCH_TREE_DEFAULTS: dict[str, dict[int, dict[str, float]]] = {
 }
 
 
-def tree_defaults(device: torch.device | str, dtype: torch.dtype | None = None, do_sample: bool = False,
-                  batch: int = 1) -> dict[str, float]:
+def tree_defaults(
+    device: torch.device | str, dtype: torch.dtype | None = None, do_sample: bool = False, batch: int = 1
+) -> dict[str, float]:
     """Default ``depth`` / ``top_k`` / ``total_tokens`` / ``lookup_tokens`` / ``min_node_prob`` / ``grow_min_prob``
     for a device, the target's dtype, the mode and the batch size (``TREE_DEFAULTS``: a CPU's differ in bfloat16; a
     ``-sampling`` row, where one was measured, when sampling; CUDA's for other accelerators; then the
@@ -101,8 +105,7 @@ class TreeConfig:
         """A copy with the given fields set (``None`` values are ignored: they keep this config's)."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
-    def resolve(self, device: torch.device, dtype: torch.dtype, do_sample: bool, draft_vocab: int,
-                batch: int = 1) -> TreeConfig:
+    def resolve(self, device: torch.device, dtype: torch.dtype, do_sample: bool, draft_vocab: int, batch: int = 1) -> TreeConfig:
         """Every field set (the defaults for the device, dtype, mode and batch size where ``None``) and checked: one
         clear ``ValueError`` per problem."""
         defaults = tree_defaults(device, dtype, do_sample, batch)
@@ -113,17 +116,20 @@ class TreeConfig:
             depth=int(defaults["depth"]) if self.depth is None else self.depth,
             tree_top_k=int(defaults["top_k"]) if self.tree_top_k is None else self.tree_top_k,
             total_tokens=int(defaults["total_tokens"]) if self.total_tokens is None else self.total_tokens,
-            lookup_tokens=(0 if do_sample else int(defaults["lookup_tokens"])) if self.lookup_tokens is None
+            lookup_tokens=(0 if do_sample else int(defaults["lookup_tokens"]))
+            if self.lookup_tokens is None
             else self.lookup_tokens,
             min_node_prob=min_p,
             grow_min_prob=grow_p,
             draft_graph=graph,
             adaptive=(self.depth is None and self.tree_top_k is None and self.total_tokens is None)
-            if self.adaptive is None else self.adaptive,
+            if self.adaptive is None
+            else self.adaptive,
         )
         c._check(draft_vocab, do_sample)
-        return replace(c, min_node_prob=float(min_p), grow_min_prob=float(grow_p), draft_graph=bool(c.draft_graph),
-                       adaptive=bool(c.adaptive))
+        return replace(
+            c, min_node_prob=float(min_p), grow_min_prob=float(grow_p), draft_graph=bool(c.draft_graph), adaptive=bool(c.adaptive)
+        )
 
     def _check(self, draft_vocab: int, do_sample: bool):
         for name in ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob"):
@@ -143,8 +149,7 @@ class TreeConfig:
         for name in ("min_node_prob", "grow_min_prob"):
             if getattr(self, name) > 0 and self.draft_graph:
                 raise ValueError(
-                    f"{name} sizes each tree anew, and draft_graph replays one tree shape: set {name}=0 or "
-                    "draft_graph=False."
+                    f"{name} sizes each tree anew, and draft_graph replays one tree shape: set {name}=0 or draft_graph=False."
                 )
 
     def as_stats(self) -> dict:
@@ -152,5 +157,6 @@ class TreeConfig:
         shape = asdict(self)
         shape["top_k"] = shape.pop("tree_top_k")
         del shape["draft_graph"]
-        return {k: shape[k] for k in ("depth", "top_k", "total_tokens", "lookup_tokens", "min_node_prob",
-                                      "grow_min_prob", "adaptive")}
+        return {
+            k: shape[k] for k in ("depth", "top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob", "adaptive")
+        }

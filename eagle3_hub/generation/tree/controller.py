@@ -121,8 +121,7 @@ class TreeController:
     step's ``StepShape``. ``row_depths``: whether rows may get shallower trees than the step's (not with the
     fixed-shape draft graph)."""
 
-    def __init__(self, config: TreeConfig, costs: StepCosts, rows: int, row_depths: bool = True,
-                 prior: float = PRIOR_ACCEPT):
+    def __init__(self, config: TreeConfig, costs: StepCosts, rows: int, row_depths: bool = True, prior: float = PRIOR_ACCEPT):
         self.config, self.costs, self.row_depths, self.prior = config, costs, row_depths, prior
         # NumPy, not torch: a step reads and updates a few numbers per row, where a torch op costs microseconds
         self.alpha = np.full((rows, config.depth), prior)
@@ -151,8 +150,7 @@ class TreeController:
         rest of a run that then never drafts). A catch-up step (``behind``) is a tree or lookup step plus the
         catch-up's extra, weighed by ``catch_up_weight``."""
         kind = step_kind(depth, lookup)
-        plain = next((self.factor[k] for k in (kind, step_kind(depth), "none") if len(self.recent[k]) >= MIN_TIMED),
-                     1.0)
+        plain = next((self.factor[k] for k in (kind, step_kind(depth), "none") if len(self.recent[k]) >= MIN_TIMED), 1.0)
         if not (behind and depth >= 1 and len(self.recent["catch_up"]) >= MIN_TIMED):
             return plain
         return plain + self.catch_up_weight * max(self.factor["catch_up"] - self.factor["tree"], 0.0)
@@ -178,9 +176,16 @@ class TreeController:
         s = self.shape(depth)
         return self.costs.verify_s(rows, 1 + s.total_tokens + lookup, context) + self.costs.draft_s(rows, depth, context)
 
-    def choose(self, rows: list[int], lookup: int = 0, max_depth: int | None = None,
-               proposed: list[bool] | None = None, behind: bool = False, context: int | None = None,
-               remaining: list[int] | None = None) -> StepShape:
+    def choose(
+        self,
+        rows: list[int],
+        lookup: int = 0,
+        max_depth: int | None = None,
+        proposed: list[bool] | None = None,
+        behind: bool = False,
+        context: int | None = None,
+        remaining: list[int] | None = None,
+    ) -> StepShape:
         """The shape of the next step for the active ``rows`` (original indices): the depth, and whether the
         lookup branch of ``lookup`` tokens (held by the rows where ``proposed``, default all) rides with the tree,
         that would finish the batch soonest if every step to the end took it; ``remaining``: each row's tokens
@@ -256,9 +261,17 @@ class TreeController:
         return None if all(d == shape.depth for d in depths) else depths
 
     # ------------------------------------------------------------------ learning
-    def observe(self, rows: list[int], shape: StepShape, accepted: list[int], seconds: float | None = None,
-                looked_up: list[bool] | None = None, proposed: list[bool] | None = None, behind: bool = False,
-                context: int | None = None):
+    def observe(
+        self,
+        rows: list[int],
+        shape: StepShape,
+        accepted: list[int],
+        seconds: float | None = None,
+        looked_up: list[bool] | None = None,
+        proposed: list[bool] | None = None,
+        behind: bool = False,
+        context: int | None = None,
+    ):
         """After a step with ``shape`` over ``rows``: ``accepted`` draft tokens per row, ``looked_up`` whether its
         path ran along the lookup branch (held by the rows where ``proposed``); ``seconds`` the step's measured
         time (updates the factor of its kind; None: not timed); ``behind``: the step first read steps without a

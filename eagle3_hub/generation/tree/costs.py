@@ -67,7 +67,7 @@ def _interpolate(points: dict[int, float], x: float) -> float:
         return points[xs[0]] * max(x, 1) / xs[0] if x > xs[0] else points[xs[0]]
     if x <= xs[0]:
         return points[xs[0]]
-    for lo, hi in zip(xs, xs[1:]):
+    for lo, hi in zip(xs, xs[1:]):  # noqa: B007 (the segment the loop stops at is read below)
         if x <= hi:
             break
     slope = max((points[hi] - points[lo]) / (hi - lo), 0.0)
@@ -135,16 +135,25 @@ class StepCosts:
     def table(self) -> str:
         """A markdown table: milliseconds per verification by rows and slots, and the draft's per step."""
         slots = sorted({s for by in self.verify.values() for s in by})
-        lines = [f"Verification (target forward) in ms, by rows x slots per row ({self.device}):", "",
-                 "| rows | " + " | ".join(str(s) for s in slots) + " | draft read | draft level |",
-                 "|---" * (len(slots) + 3) + "|"]
+        lines = [
+            f"Verification (target forward) in ms, by rows x slots per row ({self.device}):",
+            "",
+            "| rows | " + " | ".join(str(s) for s in slots) + " | draft read | draft level |",
+            "|---" * (len(slots) + 3) + "|",
+        ]
         for r in sorted(self.verify):
             cells = [f"{1e3 * self.verify[r][s]:.2f}" if s in self.verify[r] else "" for s in slots]
-            lines.append(f"| {r} | " + " | ".join(cells)
-                         + f" | {1e3 * self.draft_read.get(r, float('nan')):.2f}"
-                         + f" | {1e3 * self.draft_level.get(r, float('nan')):.2f} |")
-        lines += ["", f"(after {self.context} tokens of context; empty cells: extrapolated linearly; draft level: "
-                      f"{self.top_k} frontier nodes per row; cached in {cost_file(self.key)})"]
+            lines.append(
+                f"| {r} | "
+                + " | ".join(cells)
+                + f" | {1e3 * self.draft_read.get(r, float('nan')):.2f}"
+                + f" | {1e3 * self.draft_level.get(r, float('nan')):.2f} |"
+            )
+        lines += [
+            "",
+            f"(after {self.context} tokens of context; empty cells: extrapolated linearly; draft level: "
+            f"{self.top_k} frontier nodes per row; cached in {cost_file(self.key)})",
+        ]
         if self.longer is not None:
             lines += ["", self.longer.table()]
         return "\n".join(lines)
@@ -152,19 +161,28 @@ class StepCosts:
     def zero_times(self) -> str | None:
         """What of a measured table took no time, which no forward does (a zero verification would make the deepest
         tree free, every step); None when nothing. The draft's per-level time may be 0: measured within noise."""
-        for name, table in (("verify", {(r, s): t for r, by in self.verify.items() for s, t in by.items()}),
-                            ("draft_read", self.draft_read)):
+        for name, table in (
+            ("verify", {(r, s): t for r, by in self.verify.items() for s, t in by.items()}),
+            ("draft_read", self.draft_read),
+        ):
             if any(t <= 0 for t in table.values()):
                 return f"has a {name} time of 0 seconds"
         return None if self.longer is None else self.longer.zero_times()
 
     def to_json(self) -> dict:
-        return {"format": COSTS_FORMAT, "key": self.key, "top_k": self.top_k, "device": self.device, "dtype": self.dtype,
-                "verify": {str(r): {str(s): t for s, t in by.items()} for r, by in self.verify.items()},
-                "draft_read": {str(r): t for r, t in self.draft_read.items()},
-                "draft_level": {str(r): t for r, t in self.draft_level.items()},
-                "slow_rows": sorted(self.slow_rows), "context": self.context,
-                "longer": None if self.longer is None else self.longer.to_json()}
+        return {
+            "format": COSTS_FORMAT,
+            "key": self.key,
+            "top_k": self.top_k,
+            "device": self.device,
+            "dtype": self.dtype,
+            "verify": {str(r): {str(s): t for s, t in by.items()} for r, by in self.verify.items()},
+            "draft_read": {str(r): t for r, t in self.draft_read.items()},
+            "draft_level": {str(r): t for r, t in self.draft_level.items()},
+            "slow_rows": sorted(self.slow_rows),
+            "context": self.context,
+            "longer": None if self.longer is None else self.longer.to_json(),
+        }
 
     @classmethod
     def from_json(cls, data, context: int = CONTEXT_TOKENS) -> StepCosts:
@@ -184,11 +202,18 @@ class StepCosts:
         if not isinstance(slow, list) or not all(isinstance(r, int) and not isinstance(r, bool) for r in slow):
             raise ValueError(f"'slow_rows' is {slow!r}, not a list of row counts")
         longer = data.get("longer")
-        return cls(key=data["key"], top_k=data["top_k"], device=data["device"], dtype=data["dtype"], verify=rows,
-                   draft_read=_times_of(data.get("draft_read"), "draft_read"),
-                   draft_level=_times_of(data.get("draft_level"), "draft_level"),
-                   slow_rows=set(slow), context=data["context"],
-                   longer=None if longer is None else cls.from_json(longer, LONG_CONTEXT_TOKENS))
+        return cls(
+            key=data["key"],
+            top_k=data["top_k"],
+            device=data["device"],
+            dtype=data["dtype"],
+            verify=rows,
+            draft_read=_times_of(data.get("draft_read"), "draft_read"),
+            draft_level=_times_of(data.get("draft_level"), "draft_level"),
+            slow_rows=set(slow),
+            context=data["context"],
+            longer=None if longer is None else cls.from_json(longer, LONG_CONTEXT_TOKENS),
+        )
 
 
 def _rows_of(value, name: str, each) -> dict:
@@ -205,6 +230,7 @@ def _rows_of(value, name: str, each) -> dict:
 
 def _times_of(value, name: str) -> dict[int, float]:
     """``{count: seconds}``, every time a finite number, at least 0."""
+
     def time_of(t):
         if isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t < 0:
             raise ValueError(f"{name!r} holds {t!r}, not a finite time in seconds")
@@ -257,14 +283,21 @@ def cost_key(target, draft, top_k: int, draft_graph: bool) -> str:
     """The identity of a cost table: both models' configs, the tree width, the device, dtype, torch version and
     thread count (a config's hash, not its weights: random weights of one config cost the same)."""
     weight = target.get_input_embeddings().weight
-    parts = [target.config.to_json_string(use_diff=False), draft.config.to_json_string(use_diff=False),
-             str(top_k), str(draft_graph), device_name(weight.device), str(weight.dtype), torch.__version__,
-             str(torch.get_num_threads()), str(COSTS_FORMAT)]
+    parts = [
+        target.config.to_json_string(use_diff=False),
+        draft.config.to_json_string(use_diff=False),
+        str(top_k),
+        str(draft_graph),
+        device_name(weight.device),
+        str(weight.dtype),
+        torch.__version__,
+        str(torch.get_num_threads()),
+        str(COSTS_FORMAT),
+    ]
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
-def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: bool = True,
-               refresh: bool = False) -> StepCosts:
+def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: bool = True, refresh: bool = False) -> StepCosts:
     """The cost table for ``config``'s tree width, covering up to ``rows`` rows and ``slots`` slots per row: from
     memory, else from the disk cache, else measured now (and saved). ``cache=False`` measures anew and saves
     nothing; ``refresh=True`` measures anew and replaces what memory and the disk held (a table the run's own step
@@ -352,9 +385,15 @@ def _save(costs: StepCosts, path: Path):
     except OSError as e:
         if path.parent not in _unwritable:
             _unwritable.add(path.parent)
-            logger.warning("Cannot write the tree's cost table to %s (%s: %s): it is kept in memory for this "
-                           "process and measured again by the next one; point EAGLE3_HUB_CACHE at a folder you can "
-                           "write (%s).", path, type(e).__name__, e.strerror or e, _where())
+            logger.warning(
+                "Cannot write the tree's cost table to %s (%s: %s): it is kept in memory for this "
+                "process and measured again by the next one; point EAGLE3_HUB_CACHE at a folder you can "
+                "write (%s).",
+                path,
+                type(e).__name__,
+                e.strerror or e,
+                _where(),
+            )
 
 
 def _timed(fn, device: torch.device, repeats: int = 3) -> float:
@@ -380,8 +419,15 @@ def measure(costs: StepCosts, target, draft, config: TreeConfig, rows: int, slot
     vocab = target.config.get_text_config().vocab_size
     k = config.tree_top_k
     gen = torch.Generator().manual_seed(0)
-    shape = TreeConfig(depth=3, tree_top_k=k, total_tokens=k, lookup_tokens=0, min_node_prob=0.0,
-                       grow_min_prob=0.0, draft_graph=config.draft_graph)
+    shape = TreeConfig(
+        depth=3,
+        tree_top_k=k,
+        total_tokens=k,
+        lookup_tokens=0,
+        min_node_prob=0.0,
+        grow_min_prob=0.0,
+        draft_graph=config.draft_graph,
+    )
     was_training = (target.training, draft.training)
     target.eval()
     draft.eval()

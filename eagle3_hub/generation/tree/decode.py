@@ -30,8 +30,20 @@ class TreeDecoder:
     """One tree-decoding run. b active rows (``rows``: their original indices), ``root`` (b,): each row's latest
     token, sampled from the target but not yet in its cache, at position ``next_pos`` (b,)."""
 
-    def __init__(self, target, draft, config: TreeConfig, processing: Processing, *, eos_ids: list[int], pad_id: int,
-                 max_new_tokens: int, criteria: list, streamer=None, on_step: Callable | None = None):
+    def __init__(
+        self,
+        target,
+        draft,
+        config: TreeConfig,
+        processing: Processing,
+        *,
+        eos_ids: list[int],
+        pad_id: int,
+        max_new_tokens: int,
+        criteria: list,
+        streamer=None,
+        on_step: Callable | None = None,
+    ):
         self.config, self.processing = config, processing
         self.eos, self.pad_id, self.max_new_tokens = set(eos_ids), pad_id, max_new_tokens
         self.criteria, self.streamer, self.on_step = criteria, streamer, on_step
@@ -93,10 +105,15 @@ class TreeDecoder:
                 continue
             t0 = time.perf_counter()
             rows, context = list(self.rows), self.verifier.cache.length
-            shape = self.controller.choose(rows, 0 if chain is None else chain.shape[1],
-                                           max_depth=None if self.drafter.levels is not None else remaining - 1,
-                                           proposed=proposed, behind=behind, context=context,
-                                           remaining=left)
+            shape = self.controller.choose(
+                rows,
+                0 if chain is None else chain.shape[1],
+                max_depth=None if self.drafter.levels is not None else remaining - 1,
+                proposed=proposed,
+                behind=behind,
+                context=context,
+                remaining=left,
+            )
             accepted, looked_up = self.step(shape.depth, chain if shape.depth and shape.lookup else None, shape)
             seconds = time.perf_counter() - t0 if len(self.rows) == len(rows) else None  # rows dropped: not timed
             self.controller.observe(rows, shape, accepted, seconds, looked_up, proposed, behind, context)
@@ -129,9 +146,15 @@ class TreeDecoder:
         # 1. propose: the draft tree next to the lookup branch
         if depth >= 1:
             t0 = self.clock.now()
-            step = {} if shape is None else dict(
-                top_k=shape.top_k, total_tokens=shape.total_tokens,
-                row_depth=None if shape.row_depth is None else torch.tensor(shape.row_depth, device=self.device))
+            step = (
+                {}
+                if shape is None
+                else dict(
+                    top_k=shape.top_k,
+                    total_tokens=shape.total_tokens,
+                    row_depth=None if shape.row_depth is None else torch.tensor(shape.row_depth, device=self.device),
+                )
+            )
             nodes = self.drafter.draft_tree(depth, self.next_pos, self.holes, **step)
             self.clock.add("draft_time_s", t0, self.clock.now())
         else:
@@ -193,8 +216,17 @@ class TreeDecoder:
         return [0] * b, [False] * b
 
     # ------------------------------------------------------------------ helpers
-    def _advance(self, finished: list[int], slots: torch.Tensor, valid: torch.Tensor, positions: torch.Tensor,
-                 feats: torch.Tensor, after: torch.Tensor, advance, root: torch.Tensor) -> None:
+    def _advance(
+        self,
+        finished: list[int],
+        slots: torch.Tensor,
+        valid: torch.Tensor,
+        positions: torch.Tensor,
+        feats: torch.Tensor,
+        after: torch.Tensor,
+        advance,
+        root: torch.Tensor,
+    ) -> None:
         """End a step: the target cache keeps ``slots`` (b, A) where ``valid``, the draft queues their features with
         the token after each, every row moves ``advance`` positions on to ``root``, and finished rows leave."""
         if len(finished) == len(self.rows):

@@ -93,8 +93,7 @@ class Drafter:
             self.root_out = tuple(t.index_select(0, idx) for t in self.root_out)
 
     # ------------------------------------------------------------------ forwards
-    def forward(self, tokens, position_ids, allowed, *, features=None, hidden=None, logits_to_keep=0, cache=None,
-                key_pos=None):
+    def forward(self, tokens, position_ids, allowed, *, features=None, hidden=None, logits_to_keep=0, cache=None, key_pos=None):
         """``allowed``: (b, s, kv) bool, or None for causal attention over the whole draft cache. ``cache``: the
         context cache by default. ``key_pos`` (b, kv): the positions of the keys (sliding-window drafts)."""
         own_head = self.head is not None
@@ -136,8 +135,9 @@ class Drafter:
         allowed = None  # causal over the whole draft context
         if holes or self.window is not None:
             causal = torch.ones(A, A, dtype=torch.bool, device=self.device).tril()
-            allowed = torch.cat([self.valid[:, None, :].expand(b, A, self.cache.length), causal[None] & valid[:, None, :]],
-                                dim=-1)
+            allowed = torch.cat(
+                [self.valid[:, None, :].expand(b, A, self.cache.length), causal[None] & valid[:, None, :]], dim=-1
+            )
         key_pos = torch.cat([self.pos, positions], dim=1)
         logits, hidden = self.forward(tokens, positions, allowed, features=feats, logits_to_keep=1, key_pos=key_pos)
         self.cache.commit()
@@ -145,8 +145,15 @@ class Drafter:
         self.pos = key_pos
         self.root_out = (logits[:, -1], hidden[:, -1:])
 
-    def draft_tree(self, depth: int, next_pos: torch.Tensor, holes: bool, top_k: int | None = None,
-                   total_tokens: int | None = None, row_depth: torch.Tensor | None = None):
+    def draft_tree(
+        self,
+        depth: int,
+        next_pos: torch.Tensor,
+        holes: bool,
+        top_k: int | None = None,
+        total_tokens: int | None = None,
+        row_depth: torch.Tensor | None = None,
+    ):
         """Read the pending features (``read``), then build a tree of up to ``depth`` levels under each row's root (at
         position ``next_pos`` (b,)). Returns node tokens (b, N) (target ids), parent slots (b, N) (0 = root, node i is
         slot i+1) and depths (b, N); parents precede their children. ``top_k`` / ``total_tokens``: this step's (default:
@@ -165,8 +172,7 @@ class Drafter:
         # a node at depth d comes with its d - 1 ancestors, so no node past depth total_tokens can be selected: those
         # levels are not drafted (the same tree)
         depth = min(depth, self.total_tokens)
-        tree = self.grow(depth, score, token, root_hidden, self.valid[:, None, :], self.cache, next_pos, row_depth,
-                         self.pos)
+        tree = self.grow(depth, score, token, root_hidden, self.valid[:, None, :], self.cache, next_pos, row_depth, self.pos)
         self.cache.rollback()  # the tree's draft slots are not context
         return tree
 
@@ -284,8 +290,17 @@ class DraftLevels:
 
         def levels():
             scratch.reset()
-            return drafter.grow(depth, static["score"], static["token"], static["hidden"], static["valid"][:, None, :],
-                                scratch, static["pos"], None, static["ctx_pos"])
+            return drafter.grow(
+                depth,
+                static["score"],
+                static["token"],
+                static["hidden"],
+                static["valid"][:, None, :],
+                scratch,
+                static["pos"],
+                None,
+                static["ctx_pos"],
+            )
 
         if not self.capture:
             out = levels()

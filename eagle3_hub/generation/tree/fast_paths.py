@@ -47,8 +47,10 @@ def pack_linear(weight: torch.Tensor, bias: torch.Tensor | None = None) -> Calla
         return None
     ref = F.linear(x, w, bias)
     rtol = PACKED_DTYPES[w.dtype]
-    if got.shape != ref.shape or got.dtype != ref.dtype or not torch.allclose(
-        got.float(), ref.float(), rtol=rtol, atol=rtol * 0.1 * float(ref.abs().max())
+    if (
+        got.shape != ref.shape
+        or got.dtype != ref.dtype
+        or not torch.allclose(got.float(), ref.float(), rtol=rtol, atol=rtol * 0.1 * float(ref.abs().max()))
     ):
         return None
 

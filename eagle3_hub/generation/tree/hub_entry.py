@@ -49,8 +49,10 @@ def generate(
     if draft is None:
         call = custom_generate_call()
         if call.repo is None:
-            raise ValueError("Could not tell which repo this custom_generate came from: pass the draft explicitly, "
-                             "draft='user/draft-repo' (or a loaded draft).")
+            raise ValueError(
+                "Could not tell which repo this custom_generate came from: pass the draft explicitly, "
+                "draft='user/draft-repo' (or a loaded draft)."
+            )
         draft = load_draft(call.repo, model, revision, trust_remote_code=call.trust_remote_code)
     elif isinstance(draft, (str, Path)):
         draft = load_draft(str(draft), model, trust_remote_code=custom_generate_call().trust_remote_code)

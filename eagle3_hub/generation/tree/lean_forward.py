@@ -79,8 +79,10 @@ def _packed_projections(layer) -> tuple[Callable, Callable, Callable, Callable] 
     packed = (
         pack_linear(torch.cat([m.weight for m in qkv_layers]), bias),
         pack_linear(attn.o_proj.weight, attn.o_proj.bias),
-        pack_linear(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
-                    None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias])),
+        pack_linear(
+            torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]),
+            None if mlp.gate_proj.bias is None else torch.cat([mlp.gate_proj.bias, mlp.up_proj.bias]),
+        ),
         pack_linear(mlp.down_proj.weight, mlp.down_proj.bias),
     )
     if any(f is None for f in packed):
@@ -193,8 +195,9 @@ class LeanTargetForward:
         for layer, (qkv, o, gate_up, down) in zip(body.layers, projections):
             attn = layer.self_attn
             q_norm, k_norm = (_norm(attn.q_norm), _norm(attn.k_norm)) if hasattr(attn, "q_norm") else (None, None)
-            self.layers.append(_Layer(_norm(layer.input_layernorm), qkv, q_norm, k_norm, o,
-                                      _norm(layer.post_attention_layernorm), gate_up, down))
+            self.layers.append(
+                _Layer(_norm(layer.input_layernorm), qkv, q_norm, k_norm, o, _norm(layer.post_attention_layernorm), gate_up, down)
+            )
         attn = body.layers[0].self_attn
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
@@ -231,7 +234,7 @@ class LeanTargetForward:
         cos, sin = self.rotary(x, position_ids)  # (b, s, d)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         states = [x]
-        fold = 1 < self.groups and self.groups * s <= FOLD_MAX_ROWS
+        fold = self.groups > 1 and self.groups * s <= FOLD_MAX_ROWS
         folded_mask = mask.repeat(1, 1, self.groups, 1) if fold and mask is not None else None
         for i, p in enumerate(self.layers):
             h = _rms_norm(x, p.input_norm)
@@ -244,8 +247,9 @@ class LeanTargetForward:
             v = v.reshape(b, s, -1, d).transpose(1, 2)
             k, v = cache.update(k, v, i)  # (b, h_kv, kv, d)
             if fold:  # query head h reads key/value head h // groups: (b, h_kv, groups * s, d)
-                a = F.scaled_dot_product_attention(q.reshape(b, k.shape[1], -1, d), k, v, attn_mask=folded_mask,
-                                                   scale=self.scaling).view(b, -1, s, d)
+                a = F.scaled_dot_product_attention(
+                    q.reshape(b, k.shape[1], -1, d), k, v, attn_mask=folded_mask, scale=self.scaling
+                ).view(b, -1, s, d)
             else:
                 a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=self.groups > 1)
             x = x + p.o(a.transpose(1, 2).reshape(b, s, -1))
@@ -277,8 +281,12 @@ class LeanTargetForward:
             with torch.no_grad():
                 for part in (slice(0, 5), slice(5, 8)):
                     out = model(
-                        input_ids=ids[:, part], position_ids=pos[:, part], attention_mask=mask[:, :, part, : part.stop],
-                        use_cache=True, output_hidden_states=True, **{cache_kwarg: theirs_cache},
+                        input_ids=ids[:, part],
+                        position_ids=pos[:, part],
+                        attention_mask=mask[:, :, part, : part.stop],
+                        use_cache=True,
+                        output_hidden_states=True,
+                        **{cache_kwarg: theirs_cache},
                     )
                     _, ours = self(ids[:, part], pos[:, part], mask[:, :, part, : part.stop], ours_cache)
                     if len(ours) != len(out.hidden_states):

@@ -13,8 +13,9 @@ def additive_mask(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return torch.where(allowed, zero, torch.finfo(dtype).min).unsqueeze(1)
 
 
-def layer_type_masks(allowed: torch.Tensor, dtype: torch.dtype, window: int, q_pos: torch.Tensor,
-                     k_pos: torch.Tensor) -> dict[str, torch.Tensor]:
+def layer_type_masks(
+    allowed: torch.Tensor, dtype: torch.dtype, window: int, q_pos: torch.Tensor, k_pos: torch.Tensor
+) -> dict[str, torch.Tensor]:
     """bool (b, q, kv) "may attend", with the query and key positions (b, q) and (b, kv) -> transformers' mask dict
     {"full_attention": ..., "sliding_attention": ...}: the sliding one also hides keys ``window`` positions or more
     behind the query (transformers' sliding-window overlay, as the draft model applies it)."""

@@ -38,8 +38,13 @@ class Nucleus:
         settings give), with a top-k or top-p to cut the support; None for any other list."""
         kinds = [type(p) for p in processors]
         order = [_lp.TemperatureLogitsWarper, _lp.TopKLogitsWarper, _lp.TopPLogitsWarper]
-        if not kinds or any(k not in order for k in kinds) or kinds != sorted(kinds, key=order.index) \
-                or len(set(kinds)) != len(kinds) or kinds == [_lp.TemperatureLogitsWarper]:
+        if (
+            not kinds
+            or any(k not in order for k in kinds)
+            or kinds != sorted(kinds, key=order.index)
+            or len(set(kinds)) != len(kinds)
+            or kinds == [_lp.TemperatureLogitsWarper]
+        ):
             return None
         args, keep = {}, 1
         for p in processors:

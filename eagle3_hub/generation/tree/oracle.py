@@ -29,8 +29,7 @@ class TargetProposer:
 
     levels = None  # no fixed-shape levels: the decoder drafts exactly the depth it asks for
 
-    def __init__(self, decoder, target, config: TreeConfig, processing: Processing, stats: TreeDecodingStats,
-                 pads: list[int]):
+    def __init__(self, decoder, target, config: TreeConfig, processing: Processing, stats: TreeDecodingStats, pads: list[int]):
         self.decoder, self.target, self.processing, self.stats = decoder, target, processing, stats
         self.top_k, self.total_tokens = config.tree_top_k, config.total_tokens
         self.device = target.get_input_embeddings().weight.device
@@ -75,9 +74,9 @@ class TargetProposer:
     def _row_tree(self, i: int, depth: int, k: int, total: int):
         dev = self.device
         row = self.decoder.rows[i]
-        context = self.decoder.tokens[row][self.pads[i]:]  # ends with the root
+        context = self.decoder.tokens[row][self.pads[i] :]  # ends with the root
         cache = self.caches[i]
-        new = torch.tensor([context[self.cached[i]:]], device=dev)
+        new = torch.tensor([context[self.cached[i] :]], device=dev)
         logp = self._logp(self._forward(cache, new), context, [[]])[0]
         self.cached[i] = len(context)
         score, token = logp.topk(k)  # (k,) the root's children
@@ -113,8 +112,7 @@ class TargetProposer:
         slot_of[selected] = torch.arange(n, device=dev)
         parents = torch.cat(pool_parent)[selected]
         node_parent = torch.where(parents < 0, 0, slot_of[parents.clamp(min=0)] + 1)
-        depths = torch.cat([torch.full((s.numel(),), d, dtype=torch.long, device=dev)
-                            for s, d in zip(pool_score, pool_depth)])
+        depths = torch.cat([torch.full((s.numel(),), d, dtype=torch.long, device=dev) for s, d in zip(pool_score, pool_depth)])
         return torch.cat(pool_tok)[selected], node_parent, depths[selected]
 
 

@@ -55,8 +55,7 @@ class TreeDecodingStats:
             f"target forwards, mean acceptance length {self.mean_acceptance_length:.2f}; per step: draft "
             f"{ms['draft']:.1f} ms, verify {ms['verify']:.1f} ms, overhead {ms['overhead']:.1f} ms; tree {self.tree}"
             + (f", steps by shape {self.tree_steps}" if self.tree_steps else "")
-            + (", cost table measured again (the cached one was slower than this run)"
-               if self.costs_measured_again else "")
+            + (", cost table measured again (the cached one was slower than this run)" if self.costs_measured_again else "")
         )
 
 

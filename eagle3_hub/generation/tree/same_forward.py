@@ -81,6 +81,5 @@ def same_forward_generate(
         logits, _, _, q_pos = verifier.verify(tree, next_pos, verifier.logits_rows(tree))
         verifier.commit(keep_slot, valid, q_pos)
         next_pos = next_pos + 1
-    out = SameForwardStats(stats.target_forwards, stats.verify_time_s, stats.lean_forward,
-                           verifier.packed_head is not None)
+    out = SameForwardStats(stats.target_forwards, stats.verify_time_s, stats.lean_forward, verifier.packed_head is not None)
     return torch.cat([input_ids, torch.stack(new, dim=1)], dim=1), out

@@ -163,7 +163,10 @@ class Verifier:
         # step (a strided slice of a frozen head runs as a batched product that copies the weight once per row)
         last_slot = torch.full((1,), input_ids.shape[1] - 1, dtype=torch.long, device=input_ids.device)
         logits, feats, last = self.forward(
-            input_ids, pos, attention_mask if holes else None, logits_to_keep=self.no_slots if trusted else last_slot,
+            input_ids,
+            pos,
+            attention_mask if holes else None,
+            logits_to_keep=self.no_slots if trusted else last_slot,
             cache=prefill_cache,
         )
         self.cache.load([(layer.keys, layer.values) for layer in prefill_cache.layers])

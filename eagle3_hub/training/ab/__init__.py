@@ -48,8 +48,10 @@ def parse_arm(spec: str) -> Arm:
     """``lk_log`` (a loss name) or ``NAME=YAML`` recipe changes, e.g. ``mix={train: {loss: {kl: 0.5, lk_log: 0.5}}}``."""
     if "=" not in spec:
         if spec not in LOSSES:
-            raise ValueError(f"--arm {spec!r}: give a loss name ({', '.join(LOSSES)}) or NAME=YAML recipe changes, "
-                             "e.g. mix='{train: {loss: {kl: 0.5, lk_log: 0.5}}}'")
+            raise ValueError(
+                f"--arm {spec!r}: give a loss name ({', '.join(LOSSES)}) or NAME=YAML recipe changes, "
+                "e.g. mix='{train: {loss: {kl: 0.5, lk_log: 0.5}}}'"
+            )
         return Arm(spec, {"train": {"loss": spec}})
     name, text = spec.split("=", 1)
     try:
@@ -57,7 +59,9 @@ def parse_arm(spec: str) -> Arm:
     except yaml.YAMLError as e:
         raise ValueError(f"--arm {name}: the changes are not valid YAML ({' '.join(str(e).split())})") from None
     if not name or not isinstance(changes, dict):
-        raise ValueError(f"--arm {spec!r}: expected NAME=YAML mapping of recipe changes, e.g. fcnorm='{{draft: {{fc_norm: true}}}}'")
+        raise ValueError(
+            f"--arm {spec!r}: expected NAME=YAML mapping of recipe changes, e.g. fcnorm='{{draft: {{fc_norm: true}}}}'"
+        )
     return Arm(name, changes)
 
 
@@ -69,8 +73,16 @@ def base_recipe(recipe_path: str, stage: int | None = None, overrides: dict | No
     return chain[(stage or len(chain)) - 1]
 
 
-def plan_runs(base: dict, arms: list[Arm], seeds: list[int], steps: int, out: str | Path, init: str | None = None,
-              max_samples: int | None = None, eval_every: int | None = None) -> list[dict]:
+def plan_runs(
+    base: dict,
+    arms: list[Arm],
+    seeds: list[int],
+    steps: int,
+    out: str | Path,
+    init: str | None = None,
+    max_samples: int | None = None,
+    eval_every: int | None = None,
+) -> list[dict]:
     """One recipe per (arm, seed): ``base`` continued from ``init`` (default: its output_dir; ``scratch``: a new draft)
     for ``steps`` steps, with the data seed of ``base``, ``train.seed`` = seed, in ``out/runs/<arm>-seed<seed>``."""
     if len({a.name for a in arms}) != len(arms) or not arms:
@@ -84,12 +96,18 @@ def plan_runs(base: dict, arms: list[Arm], seeds: list[int], steps: int, out: st
     common["draft"]["reselect_vocab"] = False  # the init draft's vocabulary: the same output space for every arm
     common["data"]["seed"] = base["data"]["seed"] if base["data"]["seed"] is not None else base["train"]["seed"]
     if max_samples:
-        common["data"]["sources"] = [{**({"path": s} if isinstance(s, str) else s), "max_samples": max_samples}
-                                     for s in common["data"]["sources"]]
+        common["data"]["sources"] = [
+            {**({"path": s} if isinstance(s, str) else s), "max_samples": max_samples} for s in common["data"]["sources"]
+        ]
         common["data"]["synthesize"] = min(common["data"]["synthesize"], max_samples)
     t = common["train"]
-    t.update(max_steps=steps, epochs=1, save_every=min(t["save_every"], steps),
-             eval_every=eval_every or steps, log_every=min(t["log_every"], steps))
+    t.update(
+        max_steps=steps,
+        epochs=1,
+        save_every=min(t["save_every"], steps),
+        eval_every=eval_every or steps,
+        log_every=min(t["log_every"], steps),
+    )
     common.update(stages=[], push_to_hub=None)
     if common["features"]["mode"] == "offline":
         common["features"]["cache_dir"] = str(out / "shared" / "features")
@@ -137,9 +155,16 @@ def run_all(runs: list[dict], out: str | Path, train_fn=None, log=print) -> list
             train_fn(recipe, resume=True)
         metrics = json.loads((Path(recipe["output_dir"]) / "training_metrics.json").read_text())
         history = metrics["eval_history"]
-        results.append({"arm": run["arm"], "seed": run["seed"], "draft": recipe["output_dir"],
-                        "init": history[0] if history and history[0]["step"] == 0 else None,
-                        "final": history[-1], "wall_time_s": metrics.get("wall_time_s")})
+        results.append(
+            {
+                "arm": run["arm"],
+                "seed": run["seed"],
+                "draft": recipe["output_dir"],
+                "init": history[0] if history and history[0]["step"] == 0 else None,
+                "final": history[-1],
+                "wall_time_s": metrics.get("wall_time_s"),
+            }
+        )
     return results
 
 
@@ -165,8 +190,10 @@ def summarize(results: list[dict]) -> dict:
         summary["arms"][name] = entry
     first = next(iter(summary["arms"].values()))
     for entry in summary["arms"].values():
-        entry["delta"] = {k: {"mean": entry[k]["mean"] - first[k]["mean"],
-                              "noise": max(entry[k]["spread"], first[k]["spread"])} for k in METRICS}
+        entry["delta"] = {
+            k: {"mean": entry[k]["mean"] - first[k]["mean"], "noise": max(entry[k]["spread"], first[k]["spread"])}
+            for k in METRICS
+        }
     init = next((r["init"] for r in results if r["init"] is not None), None)
     if init is not None:
         summary["init"] = {k: init[m] for k, (m, _) in METRICS.items()}
@@ -177,25 +204,39 @@ def summarize(results: list[dict]) -> dict:
 def markdown(summary: dict, title: str = "A/B: teacher-forced acceptance on the held-out split") -> str:
     arms = summary["arms"]
     base = next(iter(arms))
-    lines = [f"# {title}", "",
-             "Mean over seeds ± run-to-run spread (half the range). Acceptance length: 1 + the expected number of "
-             "drafted tokens accepted in a chain, greedy (the target's argmax) and sampling at T=1 (sum_v min(p, q)).",
-             "", f"| arm | seeds | {METRICS['greedy_length'][1]} | {METRICS['sampled_length'][1]} | "
-                 f"Δ greedy vs {base} | Δ T=1 vs {base} |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"# {title}",
+        "",
+        "Mean over seeds ± run-to-run spread (half the range). Acceptance length: 1 + the expected number of "
+        "drafted tokens accepted in a chain, greedy (the target's argmax) and sampling at T=1 (sum_v min(p, q)).",
+        "",
+        f"| arm | seeds | {METRICS['greedy_length'][1]} | {METRICS['sampled_length'][1]} | "
+        f"Δ greedy vs {base} | Δ T=1 vs {base} |",
+        "|---|---|---|---|---|---|",
+    ]
     fmt = lambda s: f"{s['mean']:.3f} ± {s['spread']:.3f}"  # noqa: E731
     if summary.get("init"):
         i = summary["init"]
         lines.append(f"| (init, step 0) | | {i['greedy_length']:.3f} | {i['sampled_length']:.3f} | | |")
     for name, e in arms.items():
         d = e["delta"]
-        lines.append(f"| {name} | {','.join(map(str, e['seeds']))} | {fmt(e['greedy_length'])} | {fmt(e['sampled_length'])} | "
-                     f"{d['greedy_length']['mean']:+.3f} (noise {d['greedy_length']['noise']:.3f}) | "
-                     f"{d['sampled_length']['mean']:+.3f} (noise {d['sampled_length']['noise']:.3f}) |")
+        lines.append(
+            f"| {name} | {','.join(map(str, e['seeds']))} | {fmt(e['greedy_length'])} | {fmt(e['sampled_length'])} | "
+            f"{d['greedy_length']['mean']:+.3f} (noise {d['greedy_length']['noise']:.3f}) | "
+            f"{d['sampled_length']['mean']:+.3f} (noise {d['sampled_length']['noise']:.3f}) |"
+        )
     k = len(next(iter(arms.values()))["sampled_acceptance"])
-    lines += ["", "Per draft position k: sampling acceptance at T=1 / greedy accuracy.", "",
-              "| arm | " + " | ".join(f"k={j}" for j in range(k)) + " |", "|---|" + "---|" * k]
+    lines += [
+        "",
+        "Per draft position k: sampling acceptance at T=1 / greedy accuracy.",
+        "",
+        "| arm | " + " | ".join(f"k={j}" for j in range(k)) + " |",
+        "|---|" + "---|" * k,
+    ]
     for name, e in arms.items():
-        cells = [f"{a['mean']:.3f}±{a['spread']:.3f} / {g['mean']:.3f}" for a, g in zip(e["sampled_acceptance"], e["greedy_accuracy"])]
+        cells = [
+            f"{a['mean']:.3f}±{a['spread']:.3f} / {g['mean']:.3f}" for a, g in zip(e["sampled_acceptance"], e["greedy_accuracy"])
+        ]
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -208,8 +249,9 @@ def bench_commands(results: list[dict], out: str | Path, questions: int | None =
     for r in results:
         where = Path(out) / "bench" / f"{r['arm']}-seed{r['seed']}"
         common = f"eagle3-hub bench --draft {r['draft']} --max-turns 1 --max-new-tokens 256{n}"
-        cmds.append(f"{common} --suite mt_bench,humaneval,gsm8k --methods plain,tree --dtype float32 --temperature 0 "
-                    f"--out {where}/greedy")
+        cmds.append(
+            f"{common} --suite mt_bench,humaneval,gsm8k --methods plain,tree --dtype float32 --temperature 0 --out {where}/greedy"
+        )
         cmds.append(f"{common} --suite mt_bench --methods tree --temperature 0.7,1 --seed 0 --out {where}/sampled")
     return cmds
 
@@ -222,5 +264,4 @@ def write_report(summary: dict, results: list[dict], out: str | Path, commands: 
     return out / "ab.json", out / "ab.md"
 
 
-__all__ = ["Arm", "base_recipe", "bench_commands", "markdown", "parse_arm", "plan_runs", "run_all", "summarize",
-           "write_report"]
+__all__ = ["Arm", "base_recipe", "bench_commands", "markdown", "parse_arm", "plan_runs", "run_all", "summarize", "write_report"]

@@ -15,14 +15,22 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m eagle3_hub.training.ab", description=__doc__.splitlines()[0])
     ap.add_argument("--recipe", required=True, help="the recipe whose data, schedule and draft the arms share")
     ap.add_argument("--stage", type=int, default=None, help="which stage of the recipe (1-based; default: the last)")
-    ap.add_argument("--arm", action="append", required=True,
-                    help="a loss name (kl, lk, lk_log, lk_hybrid) or NAME=YAML recipe changes; repeat for each arm, "
-                         "the first is the baseline")
+    ap.add_argument(
+        "--arm",
+        action="append",
+        required=True,
+        help="a loss name (kl, lk, lk_log, lk_hybrid) or NAME=YAML recipe changes; repeat for each arm, "
+        "the first is the baseline",
+    )
     ap.add_argument("--seeds", default="0,1", help="comma-separated train.seed values (default 0,1)")
     ap.add_argument("--steps", type=int, required=True, help="training steps of every run")
     ap.add_argument("--out", required=True, help="folder for the runs, ab.json and ab.md")
-    ap.add_argument("--init", default=None, help="the draft every arm starts from (default: the recipe stage's "
-                                                 "output_dir, the shipped draft for the reference recipe; scratch: new)")
+    ap.add_argument(
+        "--init",
+        default=None,
+        help="the draft every arm starts from (default: the recipe stage's "
+        "output_dir, the shipped draft for the reference recipe; scratch: new)",
+    )
     ap.add_argument("--eval-every", type=int, default=None, help="held-out evaluations during training (default: at the end)")
     ap.add_argument("--max-samples", type=int, default=None, help="at most N samples of each data source (a quick check)")
     ap.add_argument("--bench", action="store_true", help="also run the eagle3-hub bench commands (slow)")
@@ -33,8 +41,9 @@ def main(argv=None) -> int:
         arms = [parse_arm(a) for a in args.arm]
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         base = base_recipe(args.recipe, args.stage, overrides)
-        runs = plan_runs(base, arms, seeds, args.steps, args.out, init=args.init, max_samples=args.max_samples,
-                         eval_every=args.eval_every)
+        runs = plan_runs(
+            base, arms, seeds, args.steps, args.out, init=args.init, max_samples=args.max_samples, eval_every=args.eval_every
+        )
         results = run_all(runs, args.out)
     except (ValueError, KeyError, OSError) as e:
         print(f"eagle3_hub.training.ab: error: {e.args[0] if isinstance(e, KeyError) and e.args else e}", file=sys.stderr)
