@@ -87,6 +87,17 @@ def one_line(error: BaseException) -> str:
     return text or type(error).__name__
 
 
+def module_main(prog: str, description: str, add_arguments, run, argv: list[str] | None = None) -> int:
+    """``python -m eagle3_hub.commands.X`` for a command off ``eagle3-hub``'s list: the same one-line errors, exit 2."""
+    parser = CommandParser(prog=prog, description=description)
+    add_arguments(parser)
+    try:
+        return run(parser.parse_args(argv)) or 0
+    except user_errors() as e:
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = bool(os.environ.get(DEBUG_ENV))

@@ -36,18 +36,15 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import CommandParser, one_line, user_errors
+    from ..cli import module_main
 
-    parser = CommandParser(
-        prog="python -m eagle3_hub.commands.learning_curve",
-        description="held-out accuracy and acceptance against training tokens",
+    return module_main(
+        "python -m eagle3_hub.commands.learning_curve",
+        "held-out accuracy and acceptance against training tokens",
+        add_arguments,
+        run,
+        argv,
     )
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except user_errors() as e:
-        print(f"{parser.prog}: error: {one_line(e)}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":

@@ -30,18 +30,15 @@ def run(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..cli import CommandParser, one_line, user_errors
+    from ..cli import module_main
 
-    parser = CommandParser(
-        prog="python -m eagle3_hub.commands.random_target",
-        description="tree decoding on a random Llama target: lossless check and timings",
+    return module_main(
+        "python -m eagle3_hub.commands.random_target",
+        "tree decoding on a random Llama target: lossless check and timings",
+        add_arguments,
+        run,
+        argv,
     )
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except user_errors() as e:
-        print(f"{parser.prog}: error: {one_line(e)}", file=sys.stderr)
-        return 2
 
 
 if __name__ == "__main__":
