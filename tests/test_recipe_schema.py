@@ -3,6 +3,7 @@ flags, prints itself (`eagle3-hub train --show-recipe-schema`) and writes the ke
 
 from __future__ import annotations
 
+import copy
 import json
 import subprocess
 import sys
@@ -140,3 +141,15 @@ def test_every_shipped_and_benchmark_recipe_loads_with_its_stages(monkeypatch):
     for path in recipes:
         chain = load_stages(load_recipe(path))
         assert chain and all(set(stage) == set(DEFAULTS) for stage in chain), path
+
+
+@pytest.mark.parametrize("added", ["more.jsonl", [{"kind": "text"}], [{"path": "a.txt", "max_chars": 0, "kind": "text"}]])
+def test_a_stages_added_sources_are_checked_by_the_sources_schema(added):
+    """`data.add_sources` of a later stage takes what `data.sources` takes, refused in one line naming the stage."""
+    recipe = copy.deepcopy(DEFAULTS)
+    recipe["data"]["sources"] = ["chats.jsonl"]
+    recipe["stages"] = [{"data": {"add_sources": added}}]
+    with pytest.raises(ValueError) as e:
+        load_stages(recipe)
+    line = str(e.value)
+    assert line.startswith("stage 2: data.add_sources") and "\n" not in line

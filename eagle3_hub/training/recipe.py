@@ -212,9 +212,11 @@ def stage_from_changes(before: dict, changes: dict, i: int, first_work_dir: str)
     stage["work_dir"] = f"{first_work_dir}-stage{i}"
     stage["features"]["reuse_from"] = []  # an earlier run's features are named by each stage that takes them
     added = (changes.get("data") or {}).pop("add_sources", None) if isinstance(changes.get("data"), dict) else None
-    if added is not None:
-        if not isinstance(added, list):
-            raise ValueError(f"stage {i}: data.add_sources must be a list of data sources, got {added!r}")
+    if added is not None:  # the sources' own schema (data.sources), said of the key the stage wrote
+        try:
+            recipe_schema.validate_key("data.sources", added)
+        except ValueError as e:
+            raise ValueError(f"stage {i}: {str(e).replace('data.sources', 'data.add_sources', 1)}") from None
         earlier = [{"path": src} if isinstance(src, str) else dict(src) for src in stage["data"]["sources"]]
         stage["data"]["sources"] = [{**src, "eval": False} for src in earlier] + added  # trained on by a stage before
     if "stages" in changes:
