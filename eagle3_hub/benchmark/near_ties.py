@@ -179,22 +179,9 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
             e["float32_over_tolerance"] += int(over32.sum())
             e["own_max_gap"] = max(e["own_max_gap"], float(own_gaps.max()) if len(own_gaps) else 0.0)
             e["argmax"] += int((gaps == 0).sum())
-            for i in flagged.nonzero().flatten().tolist()[: MAX_FLAGGED - len(e["flagged"])]:
-                e["flagged"].append(
-                    {
-                        "suite": r.suite,
-                        "question_id": r.question_id,
-                        "turn": r.turn,
-                        "token": i,
-                        "gap": float(gaps[i]),
-                        "tolerance": float(tol[i]),
-                        "own_gap": float(own_gaps[i]),
-                        "own_tolerance": float(own_tol[i]),
-                    }
-                )
-            if len(gaps) and (e["worst"] is None or largest > e["worst"]["gap"]):
-                i = int(gaps.argmax())
-                e["worst"] = {
+
+            def token(i: int) -> dict:  # one token of this turn, as the report lists it
+                return {
                     "suite": r.suite,
                     "question_id": r.question_id,
                     "turn": r.turn,
@@ -204,6 +191,11 @@ def near_tie_check(records, target, dtype: torch.dtype, steps: float = TOLERANCE
                     "own_gap": float(own_gaps[i]),
                     "own_tolerance": float(own_tol[i]),
                 }
+
+            for i in flagged.nonzero().flatten().tolist()[: MAX_FLAGGED - len(e["flagged"])]:
+                e["flagged"].append(token(i))
+            if len(gaps) and (e["worst"] is None or largest > e["worst"]["gap"]):
+                e["worst"] = token(int(gaps.argmax()))
     finally:
         del reference
     for e in report.values():
