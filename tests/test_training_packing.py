@@ -118,7 +118,7 @@ def test_a_packed_run_trains_and_reports_its_tokens_per_second(tmp_path, tiny_ta
     # the learning curve from the evaluations the run wrote: tokens at each, a chain's runs one after another
     work = recipe["work_dir"]
     assert learning_curve.main([work, work, "--out", str(tmp_path / "curve.png")]) == 0
-    points = json.loads((tmp_path / "curve.json").read_text())
+    points = json.loads((tmp_path / "curve.json").read_text())["points"]
     assert [p["step"] for p in points] == [3, 6, 3, 6] and (tmp_path / "curve.png").stat().st_size > 0
     tokens = [p["tokens"] for p in points]
     assert tokens[1] == tp["tokens"] and tokens[2] == tokens[1] + tokens[0] and tokens == sorted(tokens)

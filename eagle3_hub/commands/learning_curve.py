@@ -2,12 +2,14 @@
 accuracy and expected acceptance length (greedy, T=0.7, T=1) against training tokens, log axis.
 
     python -m eagle3_hub.commands.learning_curve runs/draft [runs/draft-stage2 ...] --out curve.png
+    python -m eagle3_hub.commands.learning_curve runs/scratch --chain eagle3_hub/reference_draft/NAME --fit 2e7
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -21,16 +23,52 @@ def add_arguments(parser: argparse.ArgumentParser):
         default=None,
         help="for runs whose evaluations do not record their tokens: tokens per optimizer step",
     )
+    parser.add_argument(
+        "--chain",
+        action="append",
+        default=[],
+        metavar="DRAFT_DIR",
+        help="a draft folder written by `eagle3-hub train`: the chain of stages that made it (its training_metrics.json), "
+        "dashed beside the runs, placed with --tokens-per-step (default: the first run's tokens per step)",
+    )
+    parser.add_argument(
+        "--fit",
+        type=float,
+        default=None,
+        metavar="TOKENS",
+        help="fit each acceptance of the runs' last 4 evaluations to a + b * log10(tokens) and extrapolate it to TOKENS",
+    )
+    parser.add_argument("--label", default="", help="the runs' name in the legend (with --chain)")
     parser.add_argument("--title", default="")
 
 
 def run(args) -> int:
-    from ..training.curve import curve_points, curve_table, plot_curve
+    from ..training.curve import chain_points, curve_points, curve_table, log_fit, plot_curve
 
     points = curve_points(args.runs, args.tokens_per_step)
-    out = plot_curve(points, args.out, args.title)
-    Path(out).with_suffix(".json").write_text(json.dumps(points, indent=1) + "\n")
+    per_step = args.tokens_per_step
+    if args.chain and per_step is None:
+        first = [p for p in points if p["run"] == str(args.runs[0]) and p["step"] > 0]
+        if not first:
+            raise ValueError(
+                f"{args.runs[0]} has no evaluation after step 0 to take tokens per step from: pass --tokens-per-step"
+            )
+        per_step = first[-1]["tokens"] / first[-1]["step"]
+    chains = {Path(c).name: chain_points(c, per_step) for c in args.chain}
+    out = plot_curve(points, args.out, args.title, others=chains, label=args.label or ("runs" if chains else ""))
+    result: dict = {"points": points, "chains": chains, "chain_tokens_per_step": per_step if chains else None}
     print(curve_table(points))
+    for name, chain in chains.items():
+        print(f"\n{name} (tokens: steps x {per_step:.0f})\n" + curve_table(chain))
+    if args.fit:
+        fits = {}
+        for key in ("step1_accuracy", "greedy", "T=0.7", "T=1"):
+            if sum(p[key] is not None for p in points) >= 2:
+                a, b = log_fit(points, key)
+                fits[key] = {"a": a, "per_tenfold": b, "at": args.fit, "value": a + b * math.log10(args.fit)}
+                print(f"[fit] {key}: {b:+.3f} per tenfold of tokens; at {args.fit:.3g} tokens {fits[key]['value']:.3f}")
+        result["fit"] = fits
+    Path(out).with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
     print(f"[curve] {out}")
     return 0
 

@@ -33,7 +33,7 @@ RUN_OUTPUTS = ("checkpoints", RUN_FILE, FINISHED, "eval_metrics.json", "tensorbo
 # recipe keys that do not change what a run computes
 _NOT_IDENTITY = {
     None: ("work_dir", "output_dir", "push_to_hub", "private", "stages"),
-    "train": ("save_every", "eval_every", "log_every", "keep_checkpoints", "num_threads", "gradient_checkpointing"),
+    "train": ("save_every", "eval_every", "eval_steps", "log_every", "keep_checkpoints", "num_threads", "gradient_checkpointing"),
     "features": ("cache_dir", "reuse_from"),
     # which decoder writes the target's answers: in float32 both write the same tokens, and each cached answer records it
     "data": ("regenerate_with", "regenerate_draft"),

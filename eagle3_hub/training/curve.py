@@ -3,11 +3,13 @@ against the tokens trained on, read from the ``eval_metrics.json`` that training
 
 Several work_dirs, in order (the stages of a chain), make one curve: each run's tokens continue from the last
 evaluation of the run before it. A history written before evaluations recorded their tokens is placed with
-``tokens_per_step`` (its step times that number)."""
+``tokens_per_step`` (its step times that number). A finished draft's ``training_metrics.json`` gives the curve of
+the chain that made it (``chain_points``): one point per earlier stage, then its last stage's evaluations."""
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from ..extras import missing_extra
@@ -55,8 +57,59 @@ def curve_points(paths: list[str | Path], tokens_per_step: float | None = None) 
     return points
 
 
-def plot_curve(points: list[dict], path: str | Path, title: str = "") -> Path:
-    """Two panels against training tokens (log axis): step-1 accuracy, and expected acceptance length."""
+def chain_points(draft_dir: str | Path, tokens_per_step: float) -> list[dict]:
+    """The chain of stages that made a draft, from its ``training_metrics.json``: each earlier stage's final greedy
+    expected acceptance (the stages record no other metric), then the last stage's evaluations. Tokens are the
+    steps so far times ``tokens_per_step`` (the metrics record steps and batch sizes, not tokens)."""
+    file = Path(draft_dir) / "training_metrics.json"
+    if not file.is_file():
+        raise FileNotFoundError(f"{file} not found: give a draft folder written by `eagle3-hub train`")
+    metrics = json.loads(file.read_text())
+    points, steps = [], 0
+    for i, stage in enumerate(metrics.get("earlier_stages", []), 1):
+        steps += stage["steps"]
+        none = dict.fromkeys(("step1_accuracy", "T=0.7", "T=1"))
+        points.append(
+            {
+                "run": f"stage {i}",
+                "tokens": round(steps * tokens_per_step),
+                "step": stage["steps"],
+                "greedy": stage["expected_acceptance_length"],
+                **none,
+            }
+        )
+    last = len(points) + 1
+    for h in metrics["eval_history"]:
+        points.append(
+            {
+                "run": f"stage {last}",
+                "tokens": round((steps + h["step"]) * tokens_per_step),
+                "step": h["step"],
+                "step1_accuracy": h["step_accuracy"][0],
+                "greedy": h["expected_acceptance_length"],
+                "T=0.7": (h.get("expected_acceptance_length_at") or {}).get("0.7"),
+                "T=1": h.get("expected_acceptance_length_sampled"),
+            }
+        )
+    return points
+
+
+def log_fit(points: list[dict], key: str = "greedy", last: int = 4) -> tuple[float, float]:
+    """(a, b) of ``key = a + b * log10(tokens)`` by least squares over the ``last`` points with a value: where the
+    curve stands and how much each tenfold of tokens adds."""
+    pts = [(math.log10(p["tokens"]), p[key]) for p in points if p["tokens"] > 0 and p[key] is not None][-last:]
+    if len(pts) < 2:
+        raise ValueError(f"a fit needs at least two points with {key!r}, got {len(pts)}")
+    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
+    b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
+    return my - b * mx, b
+
+
+def plot_curve(
+    points: list[dict], path: str | Path, title: str = "", others: dict[str, list[dict]] | None = None, label: str = ""
+) -> Path:
+    """Two panels against training tokens (log axis): step-1 accuracy, and expected acceptance length; ``others``:
+    more curves by name, dashed (``label`` names ``points`` beside them)."""
     try:
         import matplotlib
     except ModuleNotFoundError as e:
@@ -65,16 +118,26 @@ def plot_curve(points: list[dict], path: str | Path, title: str = "") -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    shown = [p for p in points if p["tokens"] > 0]  # a log axis has no 0 (a continued draft's score before training)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    x = [p["tokens"] for p in shown]
-    left.plot(x, [p["step1_accuracy"] for p in shown], marker="o")
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    colors = {"greedy": "C0", "T=0.7": "C1", "T=1": "C2"}
+    # the runs asked for in full lines, each other curve (e.g. the chain of a shipped draft) dashed, "+" markers
+    for name, series, style in [(label, points, "o-")] + [(k, v, "+--") for k, v in (others or {}).items()]:
+        shown = [p for p in series if p["tokens"] > 0]  # a log axis has no 0 (a continued draft before training)
+        suffix = f" ({name})" if name else ""
+        acc = [p for p in shown if p["step1_accuracy"] is not None]
+        if acc:
+            left.plot([p["tokens"] for p in acc], [p["step1_accuracy"] for p in acc], style, color="C0", label=name or None)
+        for key in ("greedy", "T=0.7", "T=1"):
+            with_key = [p for p in shown if p[key] is not None]
+            if with_key:
+                right.plot(
+                    [p["tokens"] for p in with_key], [p[key] for p in with_key], style, color=colors[key], label=key + suffix
+                )
     left.set_ylabel("held-out step-1 accuracy")
-    for key in ("greedy", "T=0.7", "T=1"):
-        if any(p[key] is not None for p in shown):
-            right.plot(x, [p[key] for p in shown], marker="o", label=key)
     right.set_ylabel("expected acceptance length (chain)")
-    right.legend()
+    right.legend(fontsize="small")
+    if others:
+        left.legend(fontsize="small")
     for ax in (left, right):
         ax.set_xscale("log")
         ax.set_xlabel("training tokens")

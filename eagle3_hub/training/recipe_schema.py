@@ -329,6 +329,10 @@ class Train(Section):
     )
     save_every: PositiveInt = Field(100, description="checkpoint every N steps (and at the end)")
     eval_every: PositiveInt = Field(100, description="evaluate the held-out split every N steps (and at the end)")
+    eval_steps: list[PositiveInt] = Field(
+        [],
+        description="also evaluate at these steps, e.g. `[10, 20, 40, 80, 160]`: a learning curve on a log axis of tokens (`python -m eagle3_hub.commands.learning_curve`)",
+    )
     log_every: PositiveInt = Field(10, description="TensorBoard and progress bar every N steps")
     keep_checkpoints: PositiveInt = Field(2, description="checkpoints kept")
     seed: int = Field(

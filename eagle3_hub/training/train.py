@@ -346,7 +346,7 @@ def fit(run: Run, progress: Progress, vocab_size: int) -> tuple[dict, float]:
                         peak=f"{logs['peak_share']:.1%}",
                     )
                     accelerator.log(logs, step=p.step)
-                if p.step % t["eval_every"] == 0 or p.step == total_steps:
+                if p.step % t["eval_every"] == 0 or p.step in t["eval_steps"] or p.step == total_steps:
                     evaluate_into(run, p.eval_history, p.step, p.tokens)
                 if p.step % t["save_every"] == 0 or p.step == total_steps:
                     save_checkpoint(
