@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import random
+import weakref
 
+import numpy as np
 import pytest
 import torch
 from scipy.stats import chisquare
@@ -36,6 +38,7 @@ def _own_cache(tmp_path, monkeypatch):
     """Cost tables go to a fresh cache per test, and nothing is remembered across tests."""
     monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "cache"))
     monkeypatch.setattr(costs_mod, "_memo", {})
+    monkeypatch.setattr(controller_mod, "_learnt", weakref.WeakKeyDictionary())
 
 
 # ------------------------------------------------------------------------------------------- forced choices
@@ -315,6 +318,50 @@ def test_the_real_controller_runs_lossless_and_reports_its_shapes():
     assert sum(out.stats.tree_steps.values()) == out.stats.steps
     fixed = generate(target, draft, ids, max_new_tokens=60, eos_token_id=[], adaptive=False)
     assert torch.equal(fixed.sequences, ref) and fixed.stats.tree["adaptive"] is False and not fixed.stats.tree_steps
+
+
+def test_a_run_starts_from_the_acceptance_the_last_run_of_the_pair_saw(monkeypatch):
+    """A random draft is rarely accepted: the second run's rows start from the first run's shares, not the prior, and
+    a run with other sampling settings or another draft starts from the prior."""
+    target = make_tiny_target("llama")
+    draft = random_draft(target)
+    ids = prompt(seed=3)
+    starts = []
+    init = TreeController.__init__
+
+    def spy(self, *args, start=None, **kw):
+        starts.append(start)
+        init(self, *args, start=start, **kw)
+
+    monkeypatch.setattr(TreeController, "__init__", spy)
+    ref = plain_greedy(target, ids, 40)
+    choose = TreeController.choose
+    force_shapes(monkeypatch, sequence=("max",))  # every step a full tree: every position tried
+    first = generate(target, draft, ids, max_new_tokens=40, eos_token_id=[])
+    assert torch.equal(first.sequences, ref) and starts == [None]
+    monkeypatch.setattr(TreeController, "choose", choose)
+    second = generate(target, draft, ids, max_new_tokens=40, eos_token_id=[])
+    assert torch.equal(second.sequences, ref)
+    learnt = starts[-1]
+    assert learnt is not None and learnt.ndim == 1
+    assert learnt[0] < 0.3 < controller_mod.PRIOR_ACCEPT  # what the first run saw, far below the prior
+    generate(target, draft, ids, max_new_tokens=5, eos_token_id=[], do_sample=True, temperature=0.7)
+    assert starts[-1] is None  # other settings: the prior
+    generate(target, random_draft(target), ids, max_new_tokens=5, eos_token_id=[])
+    assert starts[-1] is None  # another draft: the prior
+
+
+def test_the_learnt_shares_count_the_tried_positions_only():
+    c = TreeController(CONFIG, synthetic(lambda r, s: 0.01), rows=2)
+    assert c.learnt() is None  # nothing tried
+    shape = c.shape(CONFIG.depth)
+    for _ in range(controller_mod.MIN_LEARNT):
+        c.observe([0, 1], shape, [2, 0])  # row 0 accepts 2 (tries 3 positions), row 1 none (tries 1)
+    learnt = c.learnt()
+    assert learnt[0] == pytest.approx(0.5) and learnt[1] == pytest.approx(1.0) and learnt[2] == pytest.approx(0.0)
+    assert (learnt[3:] == c.prior).all()  # never tried: the prior
+    again = TreeController(CONFIG, c.costs, rows=3, start=learnt)
+    assert np.allclose(again.alpha, np.tile(learnt, (3, 1)))
 
 
 # ------------------------------------------------------------------------------------------- the config

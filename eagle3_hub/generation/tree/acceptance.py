@@ -74,6 +74,16 @@ class Processing:
         self.dummy_ids = torch.zeros(rows, 1, dtype=torch.long, device=device)
 
     @property
+    def settings(self) -> tuple:
+        """What decides the acceptance of a draft besides the text: sampling or not, and each processor's type and
+        plain settings (temperature, top-p, ...)."""
+        plain = (int, float, str, bool, type(None))
+        return (self.do_sample,) + tuple(
+            (type(p).__name__, tuple(sorted((k, v) for k, v in vars(p).items() if isinstance(v, plain))))
+            for p in self.processors
+        )
+
+    @property
     def walks(self) -> bool:
         """Whether acceptance walks the tree node by node (sampling, or processors that read each node's prefix)."""
         return self.do_sample or not self.history_free

@@ -44,6 +44,11 @@ branch on offer: such a run changes nothing but the estimates' relaxing, which i
 when it ends, with the steps' timings: on a CPU, weighing every shape at every step is a measurable share of a step
 that no tree pays for (docs/benchmarks.md).
 
+A run starts from what the last run of the same draft, target and sampling settings saw in this process
+(``learnt_start``): per draft position, the share of the tried positions it accepted. A batch where trees lost then
+starts without the trial trees that taught the last run so; its estimates still relax towards the prior, so trees
+are tried again now and then, and a first run starts from the prior.
+
 A cached table can be wrong for today's machine: measured while another process held a core, it makes every tree
 look dear and the controller keeps choosing tiny trees. When the run's own steps are much faster than the table
 (``stale``), the decoder measures the table again and hands it over (``replace_costs``), once per table per process.
@@ -52,6 +57,7 @@ look dear and the controller keeps choosing tiny trees. When the run's own steps
 from __future__ import annotations
 
 import math
+import weakref
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +78,7 @@ LOOKUP_RELAX = 0.01  # per step without the branch: the estimate moves this shar
 # while the machine was busier than now. Noise only adds time, so only a faster run is evidence against a table.
 STALE_RATIO = 0.6
 STANDING_STEPS = 8  # steps a choice of no tree stands before the shapes are weighed again
+MIN_LEARNT = 8  # row-steps that tried a draft position before a run's share of it accepted starts the next run
 CONTEXT_BUCKET = 16  # tokens of context over which a step's modelled seconds are taken as one
 KINDS = ("none", "tree", "lookup", "catch_up")  # the kinds of step whose factors are kept apart
 
@@ -121,10 +128,20 @@ class TreeController:
     step's ``StepShape``. ``row_depths``: whether rows may get shallower trees than the step's (not with the
     fixed-shape draft graph)."""
 
-    def __init__(self, config: TreeConfig, costs: StepCosts, rows: int, row_depths: bool = True, prior: float = PRIOR_ACCEPT):
+    def __init__(
+        self,
+        config: TreeConfig,
+        costs: StepCosts,
+        rows: int,
+        row_depths: bool = True,
+        prior: float = PRIOR_ACCEPT,
+        start: np.ndarray | None = None,
+    ):
         self.config, self.costs, self.row_depths, self.prior = config, costs, row_depths, prior
         # NumPy, not torch: a step reads and updates a few numbers per row, where a torch op costs microseconds
-        self.alpha = np.full((rows, config.depth), prior)
+        # (``start``: per draft position, every row's first estimate; the estimates relax towards ``prior``)
+        self.alpha = np.tile(start, (rows, 1)) if start is not None else np.full((rows, config.depth), prior)
+        self.tried, self.hits = np.zeros(config.depth), np.zeros(config.depth)  # over the run's rows and trees
         self.lookup_gain = np.full(rows, LOOKUP_PRIOR)
         # measured over modelled seconds per step, by kind (``step_kind``): the median of the last RESIDUAL_STEPS, so
         # that a one-off (a first shape's warm-up, another process) does not decide
@@ -291,6 +308,8 @@ class TreeController:
                 reached = min(a + 1, d)  # positions 1..reached were tried; the first a accepted
                 hit = (np.arange(reached) < a).astype(np.float64)
                 self.alpha[r, :reached] += RATE * (hit - self.alpha[r, :reached])
+                self.tried[:reached] += 1
+                self.hits[:reached] += hit
         else:
             self.alpha[rows] += self.relax * (self.prior - self.alpha[rows])
             self.catch_up_weight *= 1.0 - self.relax
@@ -330,6 +349,14 @@ class TreeController:
             self._time("none", [(t, self.step_seconds(r, 0, 0, c)) for t, r, c in self._untimed])
             self._untimed = []
 
+    def learnt(self) -> np.ndarray | None:
+        """Per draft position, the share of the run's tried positions that were accepted (the prior where fewer than
+        MIN_LEARNT were tried); None when the first position was tried fewer times."""
+        if self.tried[0] < MIN_LEARNT:
+            return None
+        share = self.hits / np.maximum(self.tried, 1)
+        return np.where(self.tried >= MIN_LEARNT, share, self.prior)
+
     @property
     def stale(self) -> bool:
         """Whether the run's steps of either kind are much faster than the cost table says (its last
@@ -343,6 +370,26 @@ class TreeController:
         self._apply_standing()
         self.costs = costs
         self._forget_times()
+
+
+# per draft, per target: the acceptance the last run of each (depth, sampling settings) saw (weak keys: a model that
+# is freed takes its entries with it)
+_learnt: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def learnt_start(draft, target, depth: int, settings: tuple) -> np.ndarray | None:
+    """The acceptance per draft position that the last run of ``draft`` on ``target`` with ``depth`` levels and these
+    sampling ``settings`` saw in this process, or None."""
+    return _learnt.get(draft, {}).get(target, {}).get((depth, settings))
+
+
+def remember_learnt(draft, target, depth: int, settings: tuple, controller: TreeController) -> None:
+    """Keep what ``controller``'s run saw, for the next run of the same pair and settings (a run that tried too
+    few positions leaves the last one's)."""
+    seen = controller.learnt()
+    if seen is not None:
+        by_target = _learnt.setdefault(draft, weakref.WeakKeyDictionary())
+        by_target.setdefault(target, {})[(depth, settings)] = seen
 
 
 def _median(xs: list[float]) -> float:

@@ -15,7 +15,7 @@ import torch
 
 from .acceptance import Processing, accept_greedy, accept_walk
 from .config import TreeConfig
-from .controller import StepShape, TreeController
+from .controller import StepShape, TreeController, learnt_start, remember_learnt
 from .costs import step_costs
 from .drafting import Drafter
 from .lookup import PromptLookup
@@ -68,7 +68,8 @@ class TreeDecoder:
         self.processing.reserve(b * slots, self.device)
         if c.adaptive:  # the machine's costs: measured once per models, device and dtype, then from the cache
             costs = step_costs(self.target, self.draft, c, b, slots)
-            self.controller = TreeController(c, costs, b, row_depths=self.drafter.levels is None)
+            start = learnt_start(self.draft, self.target, c.depth, self.processing.settings)
+            self.controller = TreeController(c, costs, b, row_depths=self.drafter.levels is None, start=start)
         capacity = L + self.max_new_tokens + c.total_tokens + c.lookup_tokens + c.depth + 16
         self.verifier.start(capacity)
         self.drafter.start(b, capacity)
@@ -124,6 +125,7 @@ class TreeDecoder:
                 self.stats.costs_measured_again = True
         if self.controller is not None:
             self.stats.tree_steps = dict(self.controller.chosen)
+            remember_learnt(self.draft, self.target, c.depth, self.processing.settings, self.controller)
 
         self.clock.finish()
         new_max = max(self.generated) if self.generated else 0
