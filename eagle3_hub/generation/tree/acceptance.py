@@ -79,8 +79,7 @@ class Processing:
         plain settings (temperature, top-p, ...)."""
         plain = (int, float, str, bool, type(None))
         return (self.do_sample,) + tuple(
-            (type(p).__name__, tuple(sorted((k, v) for k, v in vars(p).items() if isinstance(v, plain))))
-            for p in self.processors
+            (type(p).__name__, tuple(sorted((k, v) for k, v in vars(p).items() if isinstance(v, plain)))) for p in self.processors
         )
 
     @property
