@@ -12,6 +12,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from ..extras import missing_extra
 
 COLUMNS = ("tokens", "step", "step1_accuracy", "greedy", "T=0.7", "T=1")
@@ -28,6 +30,19 @@ def read_history(path: str | Path) -> list[dict]:
     return json.loads(file.read_text())["eval_history"]
 
 
+def evaluation_point(run: str, tokens: float, h: dict) -> dict:
+    """One evaluation of ``eval_history`` as a curve row (a value the evaluation lacks is None)."""
+    return {
+        "run": run,
+        "tokens": tokens,
+        "step": h["step"],
+        "step1_accuracy": h["step_accuracy"][0],
+        "greedy": h["expected_acceptance_length"],
+        "T=0.7": (h.get("expected_acceptance_length_at") or {}).get("0.7"),
+        "T=1": h.get("expected_acceptance_length_sampled"),
+    }
+
+
 def curve_points(paths: list[str | Path], tokens_per_step: float | None = None) -> list[dict]:
     """One row per evaluation over the runs of ``paths`` in order: {run, tokens, step, step1_accuracy, greedy,
     "T=0.7", "T=1"} (a value the evaluation lacks is None)."""
@@ -41,17 +56,7 @@ def curve_points(paths: list[str | Path], tokens_per_step: float | None = None) 
                     "tokens_per_step (--tokens-per-step), e.g. batch_size x grad_accum x mean sample length"
                 )
             tokens = h["tokens"] if "tokens" in h else h["step"] * tokens_per_step
-            points.append(
-                {
-                    "run": str(path),
-                    "tokens": offset + tokens,
-                    "step": h["step"],
-                    "step1_accuracy": h["step_accuracy"][0],
-                    "greedy": h["expected_acceptance_length"],
-                    "T=0.7": (h.get("expected_acceptance_length_at") or {}).get("0.7"),
-                    "T=1": h.get("expected_acceptance_length_sampled"),
-                }
-            )
+            points.append(evaluation_point(str(path), offset + tokens, h))
         if points:
             offset = points[-1]["tokens"]
     return points
@@ -80,17 +85,7 @@ def chain_points(draft_dir: str | Path, tokens_per_step: float) -> list[dict]:
         )
     last = len(points) + 1
     for h in metrics["eval_history"]:
-        points.append(
-            {
-                "run": f"stage {last}",
-                "tokens": round((steps + h["step"]) * tokens_per_step),
-                "step": h["step"],
-                "step1_accuracy": h["step_accuracy"][0],
-                "greedy": h["expected_acceptance_length"],
-                "T=0.7": (h.get("expected_acceptance_length_at") or {}).get("0.7"),
-                "T=1": h.get("expected_acceptance_length_sampled"),
-            }
-        )
+        points.append(evaluation_point(f"stage {last}", round((steps + h["step"]) * tokens_per_step), h))
     return points
 
 
@@ -100,9 +95,8 @@ def log_fit(points: list[dict], key: str = "greedy", last: int = 4) -> tuple[flo
     pts = [(math.log10(p["tokens"]), p[key]) for p in points if p["tokens"] > 0 and p[key] is not None][-last:]
     if len(pts) < 2:
         raise ValueError(f"a fit needs at least two points with {key!r}, got {len(pts)}")
-    mx, my = sum(x for x, _ in pts) / len(pts), sum(y for _, y in pts) / len(pts)
-    b = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x, _ in pts)
-    return my - b * mx, b
+    b, a = np.polyfit(*zip(*pts), deg=1)
+    return float(a), float(b)
 
 
 def plot_curve(
