@@ -431,6 +431,36 @@ def test_head_from_target_reproduces_the_target_logits_of_the_draft_vocabulary(a
     torch.testing.assert_close(draft.lm_head(draft.norm(h)), want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen2"])
+def test_layer_from_target_reproduces_the_target_layer_when_both_inputs_are_its_input(arch):
+    """draft.layer_from_target: with the layer's input on both sides (embedding and feature), the fresh draft's
+    layer gives the target layer's output; fc passes the last aux feature through. Gemma's layer is refused."""
+    from eagle3_hub.training.models import init_layer_from_target
+
+    target = make_tiny_target(arch)
+    with torch.no_grad():
+        for norm in (target.get_decoder().layers[1].input_layernorm, target.get_decoder().layers[1].post_attention_layernorm):
+            norm.weight.uniform_(0.5, 1.5)
+    draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64)
+    if arch == "qwen2":  # biased q/k/v: the draft must have them too
+        with pytest.raises(ValueError, match="set draft.attention_bias: true"):
+            init_layer_from_target(draft, target, 1)
+        draft = Eagle3DraftModel.from_target(target, draft_vocab_size=64, attention_bias=True)
+    init_layer_from_target(draft, target, 1)
+    ids = torch.randint(3, 256, (2, 9))
+    hs = target(ids, output_hidden_states=True).hidden_states  # hs[i] = the input of layer i
+    position_ids = torch.arange(9)[None].expand(2, -1)
+    out = draft.midlayer(hs[1], hs[1], draft.rotary_emb(hs[1], position_ids))
+    torch.testing.assert_close(out, hs[2], rtol=1e-4, atol=1e-4)
+    aux = torch.randn(2, 9, 3 * target.config.hidden_size)
+    torch.testing.assert_close(draft.fuse(aux), aux[..., 2 * target.config.hidden_size :])
+    with pytest.raises(ValueError, match="layer_from_target=5: the target has"):
+        init_layer_from_target(draft, target, 5)
+    gemma = make_tiny_target("gemma2")
+    with pytest.raises(ValueError, match="not a Llama-shaped layer"):
+        init_layer_from_target(Eagle3DraftModel.from_target(gemma, draft_vocab_size=64), gemma, 0)
+
+
 def test_ttt_loss_matches_a_naive_step_by_step_reference():
     draft, aux, ids, target_logits, loss_mask, att, K, step_logits = ttt_case()
     ref = naive_ttt_loss(draft, step_logits, target_logits, loss_mask, att, K, 0.8)

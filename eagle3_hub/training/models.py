@@ -114,10 +114,72 @@ def init_head_from_target(draft: Eagle3DraftModel, target) -> None:
         )
     ids = draft.draft_to_target_ids(torch.arange(draft.config.draft_vocab_size, device=draft.d2t.device))
     weight = head.weight.detach().float()
-    probe = torch.ones(1, weight.shape[1], device=weight.device, dtype=next(norm.parameters()).dtype)
-    gain = norm(probe).float()[0]  # (H,)
+    gain = _gain(norm, weight.shape[1])  # (H,)
     draft.norm.weight.fill_(1.0)
     draft.lm_head.weight.copy_((weight[ids.to(weight.device)] * gain).to(draft.lm_head.weight))
+
+
+def _gain(norm, width: int) -> torch.Tensor:
+    """A norm's per-channel gain whatever its parametrisation (``w`` for Llama, ``1 + w`` for Gemma): its output
+    for an all-ones input, whose RMS is 1."""
+    probe = torch.ones(1, width, dtype=next(norm.parameters()).dtype, device=next(norm.parameters()).device)
+    return norm(probe).float()[0]
+
+
+@torch.no_grad()
+def init_layer_from_target(draft: Eagle3DraftModel, target, index: int) -> None:
+    """The draft's first decoder layer <- target layer ``index``; ``fc`` <- the last aux feature passed through.
+
+    The draft's q/k/v read ``[norm(embedding) ; norm(feature)]``: each half gets half the target's weight, so equal
+    inputs on both sides give the target layer's attention, and the draft's norms take the target's gains."""
+    layers = target.get_decoder().layers
+    L = len(layers)
+    if not -L <= index < L:
+        raise ValueError(f"draft.layer_from_target={index}: the target has {L} layers; use 0..{L - 1} or -{L}..-1")
+    layer = layers[index]
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj")
+    norms = ("q_norm", "k_norm", "pre_feedforward_layernorm", "post_feedforward_layernorm")
+    extra = [n for n in norms if hasattr(layer, n) or hasattr(attn, n)]
+    plain = attn is not None and mlp is not None and all(hasattr(attn, n) for n in names) and hasattr(layer, "input_layernorm")
+    if not plain or extra:
+        raise ValueError(
+            f"draft.layer_from_target: layer {index} of {type(target).__name__} is not a Llama-shaped layer "
+            f"({', '.join(extra) or 'no q/k/v/o projections'}); the draft's layer has no place for it: remove the key."
+        )
+    mid, H = draft.midlayer, draft.config.hidden_size
+    pairs = [(getattr(mid.self_attn, n), getattr(attn, n)) for n in names]
+    pairs += [(getattr(mid.mlp, n), getattr(mlp, n)) for n in ("gate_proj", "up_proj", "down_proj")]
+    qkv = [mid.self_attn.q_proj, mid.self_attn.k_proj, mid.self_attn.v_proj]
+    for mine, theirs in pairs:
+        want = (mine.weight.shape[0], mine.weight.shape[1] // (2 if mine in qkv else 1))
+        if tuple(theirs.weight.shape) != want:
+            raise ValueError(
+                f"draft.layer_from_target: the target's {tuple(theirs.weight.shape)} weights do not fit the draft's "
+                f"{tuple(mine.weight.shape)}: leave draft.intermediate_size at the target's, or remove the key."
+            )
+        if mine.bias is None and theirs.bias is not None:  # a draft bias the target lacks starts at zero
+            key = "attention_bias" if mine in qkv or mine is mid.self_attn.o_proj else "mlp_bias"
+            raise ValueError(
+                f"draft.layer_from_target: the target's layer has biases where the draft has none: set draft.{key}: true."
+            )
+    for mine, theirs in pairs:
+        w = theirs.weight.float()
+        if mine in qkv:
+            w = torch.cat([w, w], dim=1) / 2
+        mine.weight.copy_(w)
+        if mine.bias is not None and theirs.bias is not None:
+            mine.bias.copy_(theirs.bias.float())
+        elif mine.bias is not None:
+            mine.bias.zero_()
+    gain = _gain(layer.input_layernorm, H)
+    mid.input_layernorm.weight.copy_(gain)
+    mid.hidden_norm.weight.copy_(gain)
+    mid.post_attention_layernorm.weight.copy_(_gain(layer.post_attention_layernorm, H))
+    Ht = draft.config.target_hidden_size
+    if Ht == H:  # the fused feature starts as the deepest layer the draft reads
+        draft.fc.weight.zero_()
+        draft.fc.weight[:, 2 * Ht :].copy_(torch.eye(H))
 
 
 def build_draft(recipe: dict, target, init: Eagle3DraftModel | None, vocab_ids: torch.Tensor, vocab_info: dict, accelerator):
@@ -144,6 +206,8 @@ def build_draft(recipe: dict, target, init: Eagle3DraftModel | None, vocab_ids: 
         draft.set_vocab_mapping(vocab_ids)
         if d["head_from_target"]:
             init_head_from_target(draft, target)
+        if d["layer_from_target"] is not None:
+            init_layer_from_target(draft, target, d["layer_from_target"])
     draft = draft.float().to(accelerator.device)  # fp32 master weights; autocast does the rest
     draft.embed_tokens.weight.requires_grad_(False)
     if recipe["lora"]["enabled"]:

@@ -134,6 +134,16 @@ class Draft(Section):
         False,
         description="start the draft's `lm_head` from the target's output rows of the draft vocabulary (the target's final-norm gain folded in, so `lm_head(norm(h))` = the target's logits of those tokens) instead of random. Meant to save the steps spent learning the output space; not yet measured at scale, hence off",
     )
+    layer_from_target: int | None = Field(
+        None,
+        description="start the draft's decoder layer from this target layer (0-based, `-1` = the last) instead of random: its attention, MLP and norm gains, each half of q/k/v (embedding side, feature side) at half the target's weight, so equal inputs on both sides give the target layer's output; and `fc` passing the last aux feature through. Needs a Llama-shaped layer (no q/k norms, no extra feed-forward norms) as wide as the draft. Pair it with `head_from_target`",
+    )
+
+    @model_validator(mode="after")
+    def _from_target_needs_a_new_draft(self):
+        if self.init_from and self.layer_from_target is not None:
+            raise ValueError("layer_from_target initialises a new draft: remove it, or remove init_from")
+        return self
 
 
 RECORD_SUFFIXES = (".json", ".jsonl", ".parquet")  # local files read as records, whatever a source's kind
