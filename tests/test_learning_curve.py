@@ -71,6 +71,33 @@ def test_a_chain_without_tokens_to_go_by_is_one_clear_line(tmp_path, capsys):
     assert "--tokens-per-step" in capsys.readouterr().err
 
 
+def test_arms_are_drawn_side_by_side_and_tabled_at_their_common_steps(tmp_path, capsys):
+    runs = []
+    for name, gain, steps in (("a", 0.1, (10, 20, 40)), ("b", 0.2, (10, 40, 80))):
+        run = tmp_path / name
+        run.mkdir()
+        history = [
+            {
+                "step": s,
+                "tokens": 1000 * s,
+                "step_accuracy": [gain * math.log10(s)],
+                "expected_acceptance_length": 1 + gain * math.log10(s),
+                "expected_acceptance_length_sampled": 1 + gain,
+            }
+            for s in steps
+        ]
+        (run / "eval_metrics.json").write_text(json.dumps({"eval_history": history}))
+        runs.append(run)
+    out = tmp_path / "arms.png"
+    assert learning_curve.main([str(runs[0]), "--label", "plain", "--arm", f"wider={runs[1]}", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    assert "| step | plain | wider |" in table and "| 40 | 0.160 / 1.160 / 1.100 | 0.320 / 1.320 / 1.200 |" in table
+    assert "| 20 |" not in table and "| 80 |" not in table  # only the steps both were evaluated at
+    assert out.stat().st_size > 0 and list(json.loads(out.with_suffix(".json").read_text())["arms"]) == ["plain", "wider"]
+    assert learning_curve.main([str(runs[0]), "--arm", str(runs[1])]) == 2
+    assert "write LABEL=RUN" in capsys.readouterr().err
+
+
 def test_eval_steps_add_evaluations_between_the_regular_ones(tmp_path, tiny_target_dir, data_dir, monkeypatch):
     monkeypatch.setenv("EAGLE3_HUB_CACHE", str(tmp_path / "cache"))
     recipe = recipe_for(

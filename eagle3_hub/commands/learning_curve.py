@@ -3,6 +3,7 @@ accuracy and expected acceptance length (greedy, T=0.7, T=1) against training to
 
     python -m eagle3_hub.commands.learning_curve runs/draft [runs/draft-stage2 ...] --out curve.png
     python -m eagle3_hub.commands.learning_curve runs/scratch --chain eagle3_hub/reference_draft/NAME --fit 2e7
+    python -m eagle3_hub.commands.learning_curve runs/scratch --label plain --arm "two layers=runs/two-layers"
 """
 
 from __future__ import annotations
@@ -38,14 +39,35 @@ def add_arguments(parser: argparse.ArgumentParser):
         metavar="TOKENS",
         help="fit each acceptance of the runs' last 4 evaluations to a + b * log10(tokens) and extrapolate it to TOKENS",
     )
-    parser.add_argument("--label", default="", help="the runs' name in the legend (with --chain)")
+    parser.add_argument(
+        "--arm",
+        action="append",
+        default=[],
+        metavar="LABEL=RUN",
+        help="another training run to compare with the runs (a training choice, an A/B arm): drawn in its own colour, "
+        "tabled at the steps all were evaluated at",
+    )
+    parser.add_argument("--label", default="", help="the runs' name in the legend (with --chain or --arm)")
     parser.add_argument("--title", default="")
 
 
 def run(args) -> int:
-    from ..training.curve import chain_points, curve_points, curve_table, log_fit, plot_curve
+    from ..training.curve import arms_table, chain_points, curve_points, curve_table, log_fit, plot_arms, plot_curve
 
     points = curve_points(args.runs, args.tokens_per_step)
+    if args.arm:
+        if args.chain or args.fit:
+            raise ValueError("--arm draws runs side by side: leave --chain and --fit to a plot of one run")
+        bad = [a for a in args.arm if "=" not in a]
+        if bad:
+            raise ValueError(f"--arm {bad[0]!r}: write LABEL=RUN, e.g. --arm 'two layers=runs/arm-two-layers'")
+        arms = {args.label or "baseline": points}
+        arms.update({label: curve_points([run], args.tokens_per_step) for label, run in (a.split("=", 1) for a in args.arm)})
+        out = plot_arms(arms, args.out, args.title)
+        print(arms_table(arms))
+        Path(out).with_suffix(".json").write_text(json.dumps({"arms": arms}, indent=1) + "\n")
+        print(f"[curve] {out}")
+        return 0
     per_step = args.tokens_per_step
     if args.chain and per_step is None:
         first = [p for p in points if p["run"] == str(args.runs[0]) and p["step"] > 0]

@@ -144,6 +144,55 @@ def plot_curve(
     return Path(path)
 
 
+def plot_arms(arms: dict[str, list[dict]], path: str | Path, title: str = "") -> Path:
+    """Training choices side by side against tokens (log axis), one colour per arm: step-1 accuracy, and expected
+    acceptance length greedy (full) and at T=1 (dashed)."""
+    try:
+        import matplotlib
+    except ModuleNotFoundError as e:
+        raise missing_extra("bench", e) from None
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    for i, (name, series) in enumerate(arms.items()):
+        shown = [p for p in series if p["tokens"] > 0]
+        x = [p["tokens"] for p in shown]
+        left.plot(x, [p["step1_accuracy"] for p in shown], "o-", color=f"C{i}", label=name)
+        right.plot(x, [p["greedy"] for p in shown], "o-", color=f"C{i}", label=f"{name}, greedy")
+        sampled = [p for p in shown if p["T=1"] is not None]
+        right.plot([p["tokens"] for p in sampled], [p["T=1"] for p in sampled], "+--", color=f"C{i}", label=f"{name}, T=1")
+    left.set_ylabel("held-out step-1 accuracy")
+    right.set_ylabel("expected acceptance length (chain)")
+    left.legend(fontsize="small")
+    right.legend(fontsize="x-small")
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens")
+        ax.grid(True, which="both", alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def arms_table(arms: dict[str, list[dict]]) -> str:
+    """A Markdown table of the arms at the steps every arm was evaluated at: step-1 accuracy / greedy / T=1."""
+    steps = sorted(set.intersection(*({p["step"] for p in series} for series in arms.values())))
+    lines = ["| step | " + " | ".join(arms) + " |", "|" + "---|" * (len(arms) + 1)]
+    for step in steps:
+        cells = []
+        for series in arms.values():
+            p = next(p for p in series if p["step"] == step)
+            t1 = "-" if p["T=1"] is None else f"{p['T=1']:.3f}"
+            cells.append(f"{p['step1_accuracy']:.3f} / {p['greedy']:.3f} / {t1}")
+        lines.append(f"| {step} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def curve_table(points: list[dict]) -> str:
     """A Markdown table of the points."""
 
