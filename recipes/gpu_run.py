@@ -88,7 +88,10 @@ def recipe_for(size: dict, target: str | None, init_from: str | None, out: Path,
         None,
         {
             "target": {"name": target, "dtype": "bfloat16" if device.startswith("cuda") else "float32"},
-            "draft": {"draft_vocab_size": 8192, "init_from": init_from},
+            # a new draft starts from the target's last layer and head: ahead of random weights at every step
+            # (docs/training.md, "Training choices at equal CPU time")
+            "draft": {"draft_vocab_size": 8192, "init_from": init_from}
+            | ({} if init_from else {"head_from_target": True, "layer_from_target": -1}),
             "data": {
                 "sources": sources,
                 "regenerate_with": "generate",

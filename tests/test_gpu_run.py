@@ -59,3 +59,7 @@ def test_the_full_size_recipe_is_valid_and_trains_at_least_50x_the_last_stages_t
     recipe = gpu_run.recipe_for(gpu_run.FULL, None, "reference-draft-folder", tmp_path, steps, "cuda")
     check_recipe(recipe)  # what train() checks before it loads anything
     assert recipe["train"]["packing"] and recipe["target"]["dtype"] == "bfloat16"
+    assert recipe["draft"]["layer_from_target"] is None  # a continued draft keeps its own weights
+    scratch = gpu_run.recipe_for(gpu_run.FULL, None, None, tmp_path, steps, "cuda")
+    check_recipe(scratch)
+    assert scratch["draft"]["head_from_target"] and scratch["draft"]["layer_from_target"] == -1
