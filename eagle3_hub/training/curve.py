@@ -99,11 +99,9 @@ def log_fit(points: list[dict], key: str = "greedy", last: int = 4) -> tuple[flo
     return float(a), float(b)
 
 
-def plot_curve(
-    points: list[dict], path: str | Path, title: str = "", others: dict[str, list[dict]] | None = None, label: str = ""
-) -> Path:
-    """Two panels against training tokens (log axis): step-1 accuracy, and expected acceptance length; ``others``:
-    more curves by name, dashed (``label`` names ``points`` beside them)."""
+def _panels():
+    """pyplot (headless), a figure and its two panels against training tokens on a log axis: step-1 accuracy, and
+    expected acceptance length."""
     try:
         import matplotlib
     except ModuleNotFoundError as e:
@@ -113,6 +111,30 @@ def plot_curve(
     import matplotlib.pyplot as plt
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    left.set_ylabel("held-out step-1 accuracy")
+    right.set_ylabel("expected acceptance length (chain)")
+    for ax in (left, right):
+        ax.set_xscale("log")
+        ax.set_xlabel("training tokens")
+        ax.grid(True, which="both", alpha=0.3)
+    return plt, fig, (left, right)
+
+
+def _save(plt, fig, path: str | Path, title: str) -> Path:
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return Path(path)
+
+
+def plot_curve(
+    points: list[dict], path: str | Path, title: str = "", others: dict[str, list[dict]] | None = None, label: str = ""
+) -> Path:
+    """Two panels against training tokens (log axis): step-1 accuracy, and expected acceptance length; ``others``:
+    more curves by name, dashed (``label`` names ``points`` beside them)."""
+    plt, fig, (left, right) = _panels()
     colors = {"greedy": "C0", "T=0.7": "C1", "T=1": "C2"}
     # the runs asked for in full lines, each other curve (e.g. the chain of a shipped draft) dashed, "+" markers
     for name, series, style in [(label, points, "o-")] + [(k, v, "+--") for k, v in (others or {}).items()]:
@@ -127,35 +149,16 @@ def plot_curve(
                 right.plot(
                     [p["tokens"] for p in with_key], [p[key] for p in with_key], style, color=colors[key], label=key + suffix
                 )
-    left.set_ylabel("held-out step-1 accuracy")
-    right.set_ylabel("expected acceptance length (chain)")
     right.legend(fontsize="small")
     if others:
         left.legend(fontsize="small")
-    for ax in (left, right):
-        ax.set_xscale("log")
-        ax.set_xlabel("training tokens")
-        ax.grid(True, which="both", alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path, title)
 
 
 def plot_arms(arms: dict[str, list[dict]], path: str | Path, title: str = "") -> Path:
     """Training choices side by side against tokens (log axis), one colour per arm: step-1 accuracy, and expected
     acceptance length greedy (full) and at T=1 (dashed)."""
-    try:
-        import matplotlib
-    except ModuleNotFoundError as e:
-        raise missing_extra("bench", e) from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
+    plt, fig, (left, right) = _panels()
     for i, (name, series) in enumerate(arms.items()):
         shown = [p for p in series if p["tokens"] > 0]
         x = [p["tokens"] for p in shown]
@@ -163,20 +166,9 @@ def plot_arms(arms: dict[str, list[dict]], path: str | Path, title: str = "") ->
         right.plot(x, [p["greedy"] for p in shown], "o-", color=f"C{i}", label=f"{name}, greedy")
         sampled = [p for p in shown if p["T=1"] is not None]
         right.plot([p["tokens"] for p in sampled], [p["T=1"] for p in sampled], "+--", color=f"C{i}", label=f"{name}, T=1")
-    left.set_ylabel("held-out step-1 accuracy")
-    right.set_ylabel("expected acceptance length (chain)")
     left.legend(fontsize="small")
     right.legend(fontsize="x-small")
-    for ax in (left, right):
-        ax.set_xscale("log")
-        ax.set_xlabel("training tokens")
-        ax.grid(True, which="both", alpha=0.3)
-    if title:
-        fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return Path(path)
+    return _save(plt, fig, path, title)
 
 
 def arms_table(arms: dict[str, list[dict]]) -> str:
