@@ -132,7 +132,7 @@ class Draft(Section):
     )
     head_from_target: bool = Field(
         False,
-        description="start the draft's `lm_head` from the target's output rows of the draft vocabulary (the target's final-norm gain folded in, so `lm_head(norm(h))` = the target's logits of those tokens) instead of random. Meant to save the steps spent learning the output space; not yet measured at scale, hence off",
+        description="start the draft's `lm_head` from the target's output rows of the draft vocabulary (the target's final-norm gain folded in, so `lm_head(norm(h))` = the target's logits of those tokens) instead of random. With `layer_from_target` a new draft is ahead of random weights at every step (docs/training.md, **Training choices at equal CPU time**); off by default, as `layer_from_target` does not fit every architecture",
     )
     layer_from_target: int | None = Field(
         None,
