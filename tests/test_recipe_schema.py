@@ -82,6 +82,7 @@ def test_show_recipe_schema_prints_a_recipe_of_the_defaults_without_torch():
             "data:\n  answer_sampling: [{temperature: 1, topp: 0.9}]\n",
             "data.answer_sampling[0] has no key `topp` (did you mean `top_p`?): its keys are temperature, top_p, share",
         ),
+        ("draft:\n  init_from: d\n  layer_from_target: -1\n", "layer_from_target initialises a new draft"),
     ],
 )
 def test_a_bad_value_is_refused_in_one_line_naming_the_key(tmp_path, capsys, text, says):

@@ -158,7 +158,7 @@ def init_layer_from_target(draft: Eagle3DraftModel, target, index: int) -> None:
                 f"draft.layer_from_target: the target's {tuple(theirs.weight.shape)} weights do not fit the draft's "
                 f"{tuple(mine.weight.shape)}: leave draft.intermediate_size at the target's, or remove the key."
             )
-        if mine.bias is None and theirs.bias is not None:  # a draft bias the target lacks starts at zero
+        if mine.bias is None and theirs.bias is not None:
             key = "attention_bias" if mine in qkv or mine is mid.self_attn.o_proj else "mlp_bias"
             raise ValueError(
                 f"draft.layer_from_target: the target's layer has biases where the draft has none: set draft.{key}: true."
@@ -170,7 +170,7 @@ def init_layer_from_target(draft: Eagle3DraftModel, target, index: int) -> None:
         mine.weight.copy_(w)
         if mine.bias is not None and theirs.bias is not None:
             mine.bias.copy_(theirs.bias.float())
-        elif mine.bias is not None:
+        elif mine.bias is not None:  # a draft bias the target lacks (Qwen2's o_proj) starts at zero
             mine.bias.zero_()
     gain = _gain(layer.input_layernorm, H)
     mid.input_layernorm.weight.copy_(gain)
