@@ -265,3 +265,60 @@ def test_bad_answer_sampling_is_named(bad, says):
 
     with pytest.raises(DataError, match=says):
         answer_settings([bad])
+
+
+def test_several_sampled_answers_per_prompt_and_no_held_out_prompt_in_training(tmp_path, tiny_pair, data_dir):
+    """data.answers_per_prompt: each prompt answered k times (sampled, seeded, a cache of its own); the prompt column
+    groups a prompt's answers, and the held-out split leaves a held-out prompt's other answers out of training."""
+    from datasets import Dataset
+
+    from eagle3_hub.training.splits import held_out_split
+
+    target, tok, _ = tiny_pair
+    src = {"path": str(data_dir / "ultrachat.parquet"), "max_samples": 4}
+    kw = dict(target=target, tokenizer=tok, max_new_tokens=10, batch_size=4, regenerate_with="same_forward", temperature=1.0)
+    one = build_conversations([src], work_dir=tmp_path / "w", **kw)
+    three = build_conversations([src], work_dir=tmp_path / "w", answers_per_prompt=3, **kw)
+    assert len(list((tmp_path / "w").glob("regen-*.jsonl"))) == 2  # one answer's cache is not another count's
+    assert len(one) == 4 and 8 < len(three) <= 12  # answers that came out the same are one sample
+    assert sorted(set(three["prompt"])) == sorted(set(one["prompt"]))
+    for key in set(three["prompt"]):
+        answers = [ex["messages"] for ex in three if ex["prompt"] == key]
+        assert len({json.dumps(a) for a in answers}) == len(answers)
+    again = build_conversations([src], work_dir=tmp_path / "w", answers_per_prompt=3, **kw)  # from its cache
+    assert list(again["messages"]) == list(three["messages"])
+
+    rows = Dataset.from_list([{"index": i, "eval_ok": True, "prompt": p} for i, p in enumerate(three["prompt"])])
+    split = held_out_split(rows, eval_samples=1, seed=0)
+    (held,) = split["test"]["index"]
+    assert "prompt" not in split["train"].column_names
+    assert all(three["prompt"][i] != three["prompt"][held] for i in split["train"]["index"])
+    assert len(split["train"]) == len(rows) - sum(p == three["prompt"][held] for p in three["prompt"])
+
+
+@pytest.mark.parametrize(
+    "kw, says",
+    [
+        ({}, r"data: answers_per_prompt: 2 asks for several answers .* set data.temperature above 0"),
+        (
+            {"answer_sampling": [{"temperature": 0}, {"temperature": 1.0}]},
+            "leave only entries with temperature > 0 in data.answer_sampling",
+        ),
+        ({"temperature": 1.0, "regenerate_responses": False}, "the target answers no prompt here"),
+    ],
+)
+def test_several_answers_per_prompt_need_sampled_answers_of_the_target(tmp_path, tiny_pair, data_dir, kw, says):
+    from eagle3_hub.training.sources import DataError
+
+    target, tok, _ = tiny_pair
+    with pytest.raises(DataError, match=says):
+        build_conversations(
+            [str(data_dir / "prompts.json")], target=target, tokenizer=tok, work_dir=tmp_path, answers_per_prompt=2, **kw
+        )
+
+
+def test_the_recipe_refuses_greedy_answers_several_times():
+    with pytest.raises(ValueError, match=r"data: answers_per_prompt: 3 asks for several answers .* above 0"):
+        load_recipe(overrides=parse_overrides(["--data.answers_per_prompt", "3"]))
+    sampled = load_recipe(overrides=parse_overrides(["--data.answers_per_prompt", "3", "--data.temperature", "0.7"]))
+    assert sampled["data"]["answers_per_prompt"] == 3

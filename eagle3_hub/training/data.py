@@ -21,7 +21,7 @@ from ..atomic import atomic_write_json
 from ..benchmark.options import SAME_FORWARD
 from ..repetition import LOOP_NGRAM, loop_start, repeated_ngram_share
 from .generation import answer_settings, fitting_draft, regenerate, regeneration_draft, synthesize_prompts
-from .recipe_schema import validate_key
+from .recipe_schema import greedy_repeats, validate_key
 from .sources import DataError, dedupe, load_source, prompt_key
 
 GENERATION_REPORT = "generation_report.json"  # in build_conversations' work_dir, next to the data report
@@ -50,6 +50,7 @@ def build_conversations(
     target_name: str | None = None,
     answer_sampling: list[dict] | None = None,
     max_repeat_share: float | None = None,
+    answers_per_prompt: int = 1,
 ) -> Dataset:
     """All sources (+ synthesised prompts), filtered, deduplicated, shuffled with ``seed`` and (by default)
     answered by the target. Intermediate results live in ``work_dir`` so an interrupted run resumes.
@@ -75,15 +76,23 @@ def build_conversations(
     kept as written unless the source says ``regenerate: true`` (then the target continues each opening); two
     pieces that open alike are both kept.
 
+    ``answers_per_prompt`` (``data.answers_per_prompt``): the target answers each prompt it answers this many times,
+    sampled (greedy answers would be the same); the returned ``prompt`` column groups a prompt's samples, so the
+    held-out split can keep its other answers out of training (``splits.held_out_split``).
+
     ``max_repeat_share`` (``data.max_repeat_share``): see ``cut_loops``, applied to the assembled data, so the caches
     keep the target's raw answers and another value needs no generation. The answers' loop share, and what was cut
     or dropped, go to the generation report's ``loops``."""
     try:
         validate_key("data.max_repeat_share", max_repeat_share)
+        validate_key("data.answers_per_prompt", answers_per_prompt)
     except ValueError as e:
         raise DataError(str(e)) from None
     work_dir = Path(work_dir)
     settings = answer_settings(answer_sampling)
+    problem = greedy_repeats(answers_per_prompt, temperature, [st.temperature for st in settings])
+    if problem:
+        raise DataError(f"data: {problem}")
     draft_path = regeneration_draft(regenerate_with, regenerate_draft, target_name)
     setting = regenerate_with  # what the report names; each call records the decoder it ran
     if regenerate_with == "auto" and target.device.type == "cpu":
@@ -137,9 +146,9 @@ def build_conversations(
             report=calls.setdefault(f"{name}.jsonl", {}),
         )
         if not regenerate_responses:  # the dataset's answers are kept, but synthesised prompts have none yet
-            cache = f"answers-{name}-{synthesize}-{max_new_tokens}.jsonl"
+            cache = f"answers-{name}-{synthesize}-{max_new_tokens}{_times(answers_per_prompt)}.jsonl"
             synth = regenerate(
-                synth,
+                _repeat(synth, answers_per_prompt),
                 target,
                 tokenizer,
                 work_dir / cache,
@@ -154,6 +163,11 @@ def build_conversations(
             fresh.append(synth)
     if not fresh and not kept and not texts:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
+    if answers_per_prompt > 1 and not fresh and not (synthesize and not regenerate_responses):
+        raise DataError(
+            f"data.answers_per_prompt: {answers_per_prompt}, but the target answers no prompt here (every source is "
+            "kept as written): set `regenerate: true` on a source, or answers_per_prompt to 1"
+        )
     patterns = [re.compile(p) for p in strip_patterns or []]
 
     def strip(ex):
@@ -185,10 +199,11 @@ def build_conversations(
         # the key names no decoder: both write the target's own answers (greedy: the same tokens), so a cache
         # outlives a change of decoder
         how = f"{temperature}" if not settings else f"{[st.tag + ':' + str(st.share) for st in settings]}:{seed}"
+        how += _times(answers_per_prompt)
         key = hashlib.sha1(f"{ds._fingerprint}:{who}:{max_new_tokens}:{how}:{max_turns}".encode()).hexdigest()[:10]
         out.append(
             regenerate(
-                ds,
+                _repeat(ds, answers_per_prompt),
                 target,
                 tokenizer,
                 work_dir / f"regen-{key}.jsonl",
@@ -204,7 +219,10 @@ def build_conversations(
         )
     if kept:
         out.append(clean(kept))
-    both = any(st.temperature > 0 for st in settings)  # sampled answers of prompts a kept source answers too
+    # sampled answers of prompts a kept source answers too, or several answers of one prompt
+    both = any(st.temperature > 0 for st in settings) or answers_per_prompt > 1
+    if answers_per_prompt > 1:  # a prompt's answers that came out the same are one sample
+        out = [dedupe(part, whole=True) for part in out]
     if len(out) > 1:
         out = [dedupe(concatenate_datasets(out), whole=both).shuffle(seed=seed).flatten_indices()]
     if texts:  # documents whose pieces open alike (a licence header, "Chapter 1") are still different samples
@@ -212,7 +230,18 @@ def build_conversations(
     ds = out[0] if len(out) == 1 else concatenate_datasets(out).shuffle(seed=seed).flatten_indices()
     ds, loops = cut_loops(ds, tokenizer, max_repeat_share, min_chars)
     _record_calls(work_dir / GENERATION_REPORT, calls, setting, draft_path, loops)
-    return ds.add_column("eval_ok", [prompt_key(m) not in trained_before for m in ds["messages"]])
+    keys = [prompt_key(m) for m in ds["messages"]]
+    return ds.add_column("eval_ok", [k not in trained_before for k in keys]).add_column("prompt", keys)
+
+
+def _repeat(ds: Dataset, times: int) -> Dataset:
+    """Each prompt ``times`` over, to be answered once per copy (``data.answers_per_prompt``)."""
+    return ds if times == 1 else concatenate_datasets([ds] * times).flatten_indices()
+
+
+def _times(answers_per_prompt: int) -> str:
+    """The cache-name part of ``answers_per_prompt``: none for one answer, so existing caches keep their names."""
+    return "" if answers_per_prompt == 1 else f"x{answers_per_prompt}"
 
 
 def cut_loops(ds: Dataset, tokenizer, max_share: float | None, min_chars: int = 1) -> tuple[Dataset, dict]:

@@ -248,6 +248,10 @@ class Data(Section):
         [],
         description="answers at several settings: a list of `{temperature, top_p, share}` (`{temperature: 0}` = greedy); each prompt is answered at one of them, drawn by its text and the data seed, with `share` weighing how many get it. `[]` = every answer at `temperature`",
     )
+    answers_per_prompt: PositiveInt = Field(
+        1,
+        description="sampled answers the target writes to each prompt it answers (each its own sample; two the same are kept once): more training samples from the same prompts. Needs every answer sampled (`temperature` > 0, no greedy `answer_sampling` entry). A held-out prompt's other answers are left out of training",
+    )
     max_repeat_share: Annotated[
         Annotated[float, Field(gt=0, le=1)] | None,
         Says("a number in (0, 1] or null (e.g. 0.2: answers whose 8-grams repeat more than that are cut where the loop begins)"),
@@ -277,6 +281,32 @@ class Data(Section):
     seed: int | None = Field(
         None,
         description="seed of the data: its shuffle, the held-out split and (unless `synthesize_seed`) the synthesised prompts; default `train.seed`. Set it to keep the same data and held-out samples across runs that differ only in `train.seed`",
+    )
+
+    @model_validator(mode="after")
+    def _more_answers_need_sampling(self):
+        problem = greedy_repeats(self.answers_per_prompt, self.temperature, [st.temperature for st in self.answer_sampling])
+        if problem:
+            raise ValueError(problem)
+        return self
+
+
+def greedy_repeats(answers_per_prompt: int, temperature: float, setting_temperatures: list[float]) -> str | None:
+    """Why ``answers_per_prompt`` cannot hold with these answer settings (greedy answers to one prompt are all the
+    same), or None."""
+    if answers_per_prompt == 1:
+        return None
+    greedy = 0 in setting_temperatures if setting_temperatures else temperature == 0
+    if not greedy:
+        return None
+    fix = (
+        "leave only entries with temperature > 0 in data.answer_sampling"
+        if setting_temperatures
+        else "set data.temperature above 0"
+    )
+    return (
+        f"answers_per_prompt: {answers_per_prompt} asks for several answers to each prompt, but greedy answers to "
+        f"one prompt are all the same: {fix}, or set answers_per_prompt to 1"
     )
 
 

@@ -17,7 +17,7 @@ except ModuleNotFoundError as e:
 from ..atomic import atomic_copy, atomic_dir, atomic_write_json
 from .data import GENERATION_REPORT, build_conversations
 from .sources import DataError
-from .tokenise import tokenize_dataset
+from .tokenise import SPLIT_COLUMNS, tokenize_dataset
 
 
 def take_generations(runs: list, work: Path) -> list[str]:
@@ -43,28 +43,38 @@ def data_key(recipe: dict, tokenizer) -> dict:
     data = {
         k: v
         for k, v in recipe["data"].items()
-        if not (k == "seed" and v is None) and k not in ("regenerate_with", "regenerate_draft")
+        if not (k == "seed" and v is None)
+        and not (k == "answers_per_prompt" and v == 1)  # the key's default: data written before it keeps its key
+        and k not in ("regenerate_with", "regenerate_draft")
     }
     return {"data": data, "seed": data_seed(recipe), "target": target, "tokenizer": getattr(tokenizer, "name_or_path", None)}
 
 
 def held_out_split(tok: Dataset, eval_samples: int, seed: int) -> DatasetDict:
     """Train/held-out split: ``eval_samples`` (at most a tenth of the data, at least one), drawn from the samples
-    whose ``eval_ok`` is true only (the others come from `eval: false` sources, which an earlier stage trained on)."""
+    whose ``eval_ok`` is true only (the others come from `eval: false` sources, which an earlier stage trained on).
+    Where a ``prompt`` column groups the samples (``data.answers_per_prompt``, or a sampled answer beside a kept
+    one), a held-out prompt's other samples are left out of training: the draft must not learn the held-out text."""
     n_eval = min(eval_samples, max(1, len(tok) // 10))
     flags = tok["eval_ok"] if "eval_ok" in tok.column_names else [True] * len(tok)
     eligible = [i for i, ok in enumerate(flags) if ok]
-    if len(eligible) == len(tok):
-        split = tok.train_test_split(test_size=n_eval, seed=seed)
-    elif not eligible:
+    if not eligible:
         raise DataError(
             "Every data source is marked `eval: false`: leave at least one source (or `data.synthesize`) "
             "without it, so that the held-out split has samples no stage trained on."
         )
+    if len(eligible) == len(tok):
+        split = tok.train_test_split(test_size=n_eval, seed=seed)
     else:
         held = set(random.Random(seed).sample(eligible, min(n_eval, len(eligible))))
         split = DatasetDict(train=tok.select([i for i in range(len(tok)) if i not in held]), test=tok.select(sorted(held)))
-    return split.remove_columns([c for c in ("eval_ok",) if c in tok.column_names])
+    if "prompt" in tok.column_names:
+        held_prompts = set(split["test"]["prompt"])
+        train = split["train"].filter(lambda p: p not in held_prompts, input_columns="prompt", desc="held-out prompts")
+        if len(train) < len(split["train"]):
+            print(f"[data] {len(split['train']) - len(train)} other answers of held-out prompts left out of training")
+        split["train"] = train
+    return split.remove_columns([c for c in SPLIT_COLUMNS if c in tok.column_names])
 
 
 def data_seed(recipe: dict) -> int:
@@ -106,6 +116,7 @@ def prepare_data(recipe: dict, target, tokenizer, accelerator):
             target_name=recipe["target"]["name"],
             answer_sampling=d["answer_sampling"],
             max_repeat_share=d["max_repeat_share"],
+            answers_per_prompt=d["answers_per_prompt"],
         )
         tok, report = tokenize_dataset(convs, tokenizer, d["max_length"], num_proc=d["num_proc"])
         if len(tok) < 2:

@@ -49,6 +49,9 @@ def render_with_mask(tokenizer, messages: list[dict], max_length: int) -> dict:
     return {"input_ids": enc["input_ids"][:max_length], "loss_mask": mask, "truncated": n > max_length}
 
 
+SPLIT_COLUMNS = ("eval_ok", "prompt")  # what the held-out split reads (splits.held_out_split), then drops
+
+
 def tokenize_dataset(
     ds: Dataset, tokenizer, max_length: int, num_proc: int | None = None, min_loss_tokens: int = 1
 ) -> tuple[Dataset, dict]:
@@ -60,7 +63,7 @@ def tokenize_dataset(
     fingerprint = Hasher.hash((ds._fingerprint, inspect.getsource(render_with_mask), tokenizer, max_length))
     out = ds.map(
         lambda ex: render_with_mask(tokenizer, ex["messages"], max_length),
-        remove_columns=[c for c in ds.column_names if c != "eval_ok"],
+        remove_columns=[c for c in ds.column_names if c not in SPLIT_COLUMNS],
         num_proc=num_proc,
         desc="tokenise",
         new_fingerprint=fingerprint,
