@@ -53,6 +53,21 @@ def test_run_identity_ignores_bookkeeping_but_not_what_the_run_computes(tmp_path
         assert run_id(run_identity(other)) != run_id(run_identity(base)), change
 
 
+def test_a_run_recorded_before_a_later_key_keeps_its_id_and_its_data_key(tmp_path, tiny_target_dir, data_dir):
+    """The defect: a run started before `data.answers_per_prompt` existed was refused on --resume (its recipe
+    differs: data.answers_per_prompt null -> 1), though the key at its default changes nothing."""
+    from eagle3_hub.training.recipe_schema import LATER_KEYS
+    from eagle3_hub.training.splits import data_key
+
+    now = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"])
+    before = {**now, "data": {k: v for k, v in now["data"].items() if k not in LATER_KEYS["data"]}}
+    assert run_id(run_identity(before)) == run_id(run_identity(now))
+    assert data_key(before, None) == data_key(now, None)
+    more = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], data={"answers_per_prompt": 2, "temperature": 1})
+    hotter = recipe_for(tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], data={"temperature": 1})
+    assert run_id(run_identity(more)) != run_id(run_identity(hotter)) and data_key(more, None) != data_key(hotter, None)
+
+
 def test_a_fresh_run_over_another_runs_checkpoints_refuses_and_overwrite_moves_that_run_aside(
     tmp_path, tiny_target_dir, data_dir, capsys
 ):

@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 from ..atomic import atomic_write_json
+from .recipe_schema import without_later_defaults
 
 RUN_FILE = "run.json"  # in work_dir: the identity of the run whose checkpoints are there
 STATE_FILE = "trainer_state.json"  # in a checkpoint: written last, so its presence marks the checkpoint whole
@@ -42,7 +43,7 @@ _NOT_IDENTITY = {
 
 def run_identity(recipe: dict) -> dict:
     """The recipe without the keys that only say how often to log, save or evaluate, or where to write."""
-    ident = {k: copy.deepcopy(v) for k, v in recipe.items() if k not in _NOT_IDENTITY[None]}
+    ident = {k: copy.deepcopy(v) for k, v in without_later_defaults(recipe).items() if k not in _NOT_IDENTITY[None]}
     for section, keys in _NOT_IDENTITY.items():
         if section is not None and isinstance(ident.get(section), dict):
             ident[section] = {k: v for k, v in ident[section].items() if k not in keys}

@@ -291,6 +291,20 @@ class Data(Section):
         return self
 
 
+# keys added after recipes were first keyed (a run's id, its tokenised data's key): left out of both while at their
+# default, so that a run or data written before the key existed keeps its key, and resumes
+LATER_KEYS: dict[str, dict[str, Any]] = {"data": {"answers_per_prompt": 1}}
+
+
+def without_later_defaults(recipe: dict) -> dict:
+    """``recipe`` (or the part of it a key is made of) without the ``LATER_KEYS`` that hold their default."""
+    out = dict(recipe)
+    for section, keys in LATER_KEYS.items():
+        if isinstance(out.get(section), dict):
+            out[section] = {k: v for k, v in out[section].items() if not (k in keys and v == keys[k])}
+    return out
+
+
 def greedy_repeats(answers_per_prompt: int, temperature: float, setting_temperatures: list[float]) -> str | None:
     """Why ``answers_per_prompt`` cannot hold with these answer settings (greedy answers to one prompt are all the
     same), or None."""

@@ -16,6 +16,7 @@ except ModuleNotFoundError as e:
 
 from ..atomic import atomic_copy, atomic_dir, atomic_write_json
 from .data import GENERATION_REPORT, build_conversations
+from .recipe_schema import without_later_defaults
 from .sources import DataError
 from .tokenise import SPLIT_COLUMNS, tokenize_dataset
 
@@ -42,10 +43,8 @@ def data_key(recipe: dict, tokenizer) -> dict:
     target = {k: v for k, v in recipe["target"].items() if k != "dtype"}
     data = {
         k: v
-        for k, v in recipe["data"].items()
-        if not (k == "seed" and v is None)
-        and not (k == "answers_per_prompt" and v == 1)  # the key's default: data written before it keeps its key
-        and k not in ("regenerate_with", "regenerate_draft")
+        for k, v in without_later_defaults(recipe)["data"].items()
+        if not (k == "seed" and v is None) and k not in ("regenerate_with", "regenerate_draft")
     }
     return {"data": data, "seed": data_seed(recipe), "target": target, "tokenizer": getattr(tokenizer, "name_or_path", None)}
 
