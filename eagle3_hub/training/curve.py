@@ -109,12 +109,17 @@ def _panels():
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter, LogLocator, NullFormatter
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.5))
     left.set_ylabel("held-out step-1 accuracy")
     right.set_ylabel("expected acceptance length (chain)")
     for ax in (left, right):
         ax.set_xscale("log")
+        # 10k, 20k, 50k, ...: a run of less than a decade gets labels, and minor labels never overlap
+        ax.xaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        ax.xaxis.set_major_formatter(EngFormatter(sep=""))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("training tokens")
         ax.grid(True, which="both", alpha=0.3)
     return plt, fig, (left, right)
