@@ -77,9 +77,19 @@ TINY = {
 }
 
 
-def recipe_for(size: dict, target: str | None, init_from: str | None, out: Path, steps: int | None, device: str) -> dict:
+def recipe_for(
+    size: dict, target: str | None, init_from: str | None, out: Path, steps: int | None, device: str, answers: int = 1
+) -> dict:
     """Stage 1 of the reference recipe, with the target answering every prompt again on this device (greedy, T=0.7
-    and T=1: more answers per prompt) and packed training."""
+    or T=1, one setting a prompt; ``answers`` > 1: that many sampled answers a prompt, T=0.7 or T=1) and packed
+    training."""
+    # several answers of one prompt must be sampled (greedy ones are all the same); at equal samples they train
+    # nearly as well as new prompts (docs/training.md, "More prompts or more answers per prompt")
+    sampling = [
+        *([{"temperature": 0, "share": 0.4}] if answers == 1 else []),
+        {"temperature": 0.7, "top_p": 0.9, "share": 0.3},
+        {"temperature": 1.0, "top_p": 0.9, "share": 0.3},
+    ]
     sources = [
         {"path": str(p), "regenerate": True, **({"max_samples": size["max_samples"]} if size["max_samples"] else {})}
         for p in size["prompts"]
@@ -101,11 +111,8 @@ def recipe_for(size: dict, target: str | None, init_from: str | None, out: Path,
                 "max_length": size["max_length"],
                 "eval_samples": size["eval_samples"],
                 "max_repeat_share": 0.2,
-                "answer_sampling": [
-                    {"temperature": 0, "share": 0.4},
-                    {"temperature": 0.7, "top_p": 0.9, "share": 0.3},
-                    {"temperature": 1.0, "top_p": 0.9, "share": 0.3},
-                ],
+                "answer_sampling": sampling,
+                "answers_per_prompt": answers,
             },
             "features": {"mode": "online"},
             "train": {
@@ -201,15 +208,24 @@ def main(argv: list[str] | None = None) -> int:
         default="reference",
         help="draft to continue: `reference` (the shipped draft of the embedded target), a folder, or `none` (from scratch)",
     )
+    parser.add_argument(
+        "--answers-per-prompt",
+        type=int,
+        default=1,
+        help="sampled answers the target writes to each prompt (default 1: 40%% greedy, 30%% T=0.7, 30%% T=1); more "
+        "samples from the same prompts, each pass over the data that much longer",
+    )
     parser.add_argument("--tiny", action="store_true", help="every size shrunk: a dry run on a CPU in seconds")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     args = parser.parse_args(argv)
+    if args.answers_per_prompt < 1:
+        parser.error(f"--answers-per-prompt must be 1 or more, got {args.answers_per_prompt}")
     size, out = (TINY if args.tiny else FULL), Path(args.out)
     if args.init_from == "reference" and args.target is not None:
         parser.error("--init-from reference is the embedded target's draft: pass --init-from none or a folder")
     init = {"reference": str(reference_draft()), "none": None}.get(args.init_from, args.init_from)
     seconds, t0 = {}, time.time()
-    recipe = recipe_for(size, args.target, init, out, None, args.device)
+    recipe = recipe_for(size, args.target, init, out, None, args.device, args.answers_per_prompt)
     train(recipe, data_only=True)  # the target writes the data (cached in work/data: a rerun reads it)
     seconds["data"] = round(time.time() - t0, 1)
     steps = steps_for(size)
@@ -217,7 +233,10 @@ def main(argv: list[str] | None = None) -> int:
     if not (draft / "model.safetensors").exists():
         t0 = time.time()
         work = Path(recipe["work_dir"])
-        train(recipe_for(size, args.target, init, out, steps, args.device), resume=(work / "checkpoints").exists())
+        train(
+            recipe_for(size, args.target, init, out, steps, args.device, args.answers_per_prompt),
+            resume=(work / "checkpoints").exists(),
+        )
         seconds["train"] = round(time.time() - t0, 1)
     files = reshard(draft, out / "draft-16mib")
     if not (out / "bench" / "bench.json").exists():

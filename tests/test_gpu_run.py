@@ -63,3 +63,7 @@ def test_the_full_size_recipe_is_valid_and_trains_at_least_50x_the_last_stages_t
     scratch = gpu_run.recipe_for(gpu_run.FULL, None, None, tmp_path, steps, "cuda")
     check_recipe(scratch)
     assert scratch["draft"]["head_from_target"] and scratch["draft"]["layer_from_target"] == -1
+    more = gpu_run.recipe_for(gpu_run.FULL, None, None, tmp_path, steps, "cuda", answers=3)
+    check_recipe(more)  # several answers of a prompt: every one sampled
+    assert more["data"]["answers_per_prompt"] == 3 and all(st["temperature"] > 0 for st in more["data"]["answer_sampling"])
+    assert recipe["data"]["answers_per_prompt"] == 1 and recipe["data"]["answer_sampling"][0]["temperature"] == 0
