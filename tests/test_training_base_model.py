@@ -146,6 +146,10 @@ def test_text_sources_are_kept_as_written_and_pieces_that_open_alike_both_stay(t
     want = text_samples(docs)
     assert sorted(map(json.dumps, ds["messages"])) == sorted(map(json.dumps, (s["messages"] for s in want)))
     assert sum(m[0]["content"].startswith("Copyright") for m in ds["messages"]) == 2  # same opening, both kept
+    # pieces whose openings are the same text stay two groups: a piece held out keeps its twin in training
+    alike = build_conversations([{"path": str(folder), "kind": "text", "opening_chars": 20}], target, tok, tmp_path / "a")
+    firsts = [m[0]["content"] for m in alike["messages"]]
+    assert any(firsts.count(f) > 1 for f in firsts) and len(set(alike["prompt"])) == len(alike)
     assert not (tmp_path / "w" / GENERATION_REPORT).exists()  # nothing generated
     # `regenerate: true` on a text source: the target continues each opening
     again = build_conversations(

@@ -58,6 +58,9 @@ def test_answers_above_the_threshold_are_cut_where_the_loop_begins(smollm2_token
     # the measure is the bench's: token ids of the target's tokenizer
     loop_ids = tok("Hard to say. " + SENTENCE * 60, add_special_tokens=False).input_ids
     assert repeated_ngram_share(loop_ids) > 0.3 and len(tok(answers[0]).input_ids) >= LOOP_NGRAM
+    # the held-out split's groups stay with their rows
+    grouped, _ = cut_loops(ds.add_column("prompt", ["a", "b", "c", "d"]), tok, 0.3)
+    assert list(grouped["prompt"]) == ["a", "c"] and list(grouped["messages"]) == list(out["messages"])
     # without a threshold nothing changes, but the loops are measured
     same, measured = cut_loops(ds, tok, None)
     assert same is ds and measured == {"max_repeat_share": None, "answers": 4, "loop_share": report["loop_share"]}

@@ -225,13 +225,20 @@ def build_conversations(
         out = [dedupe(part, whole=True) for part in out]
     if len(out) > 1:
         out = [dedupe(concatenate_datasets(out), whole=both).shuffle(seed=seed).flatten_indices()]
+    out = [_grouped(part, whole=False) for part in out]
     if texts:  # documents whose pieces open alike (a licence header, "Chapter 1") are still different samples
-        out.append(clean(texts, whole=True))
+        out.append(_grouped(clean(texts, whole=True), whole=True))
     ds = out[0] if len(out) == 1 else concatenate_datasets(out).shuffle(seed=seed).flatten_indices()
     ds, loops = cut_loops(ds, tokenizer, max_repeat_share, min_chars)
     _record_calls(work_dir / GENERATION_REPORT, calls, setting, draft_path, loops)
-    keys = [prompt_key(m) for m in ds["messages"]]
-    return ds.add_column("eval_ok", [k not in trained_before for k in keys]).add_column("prompt", keys)
+    return ds.add_column("eval_ok", [prompt_key(m) not in trained_before for m in ds["messages"]])
+
+
+def _grouped(ds: Dataset, whole: bool) -> Dataset:
+    """The ``prompt`` column the held-out split groups by: a prompt's answers share it; a document's pieces that
+    open alike (``whole``) do not."""
+    key = (lambda m: hashlib.sha1(json.dumps(m).encode()).hexdigest()) if whole else prompt_key
+    return ds.add_column("prompt", [key(m) for m in ds["messages"]])
 
 
 def _repeat(ds: Dataset, times: int) -> Dataset:
@@ -272,7 +279,7 @@ def cut_loops(ds: Dataset, tokenizer, max_share: float | None, min_chars: int = 
     if max_share is None:
         print(line)
         return ds, report
-    counts, out, kept_answers = {"cut": 0, "dropped": 0, "dropped_prompts": 0}, [], []
+    counts, out, kept_answers, rows_kept = {"cut": 0, "dropped": 0, "dropped_prompts": 0}, [], [], []
     for r, msgs in enumerate(rows):
         first = _first_user(msgs)
         if first is not None and by[(r, first)][0] > max_share:
@@ -299,6 +306,7 @@ def cut_loops(ds: Dataset, tokenizer, max_share: float | None, min_chars: int = 
         counts["cut"] += cut
         kept_answers += mine
         out.append(kept)
+        rows_kept.append(r)
     report.update(counts, loop_share_kept=_pooled_share(kept_answers))
     print(
         f"{line}; above {max_share}: {counts['cut']} cut where the loop begins, {counts['dropped']} samples dropped "
@@ -307,7 +315,9 @@ def cut_loops(ds: Dataset, tokenizer, max_share: float | None, min_chars: int = 
     )
     if not any(counts.values()):
         return ds, report
-    return Dataset.from_list([{"messages": m} for m in out]), report
+    # the other columns (the held-out split's groups) stay with their rows
+    others = ds.select(rows_kept).remove_columns("messages").to_list() if len(ds.column_names) > 1 else [{}] * len(out)
+    return Dataset.from_list([{**o, "messages": m} for o, m in zip(others, out)]), report
 
 
 def _measure(texts: list[str], tokenizer, max_share: float | None, chunk: int = 1024) -> list[tuple]:
