@@ -296,6 +296,15 @@ def test_several_sampled_answers_per_prompt_and_no_held_out_prompt_in_training(t
     assert len(split["train"]) == len(rows) - sum(p == three["prompt"][held] for p in three["prompt"])
 
 
+def test_several_answers_of_synthesised_prompts_whose_dataset_answers_are_kept(tmp_path, tiny_pair, data_dir):
+    """The defect: with `data.regenerate: false`, the answers of synthesised prompts went through the dedupe by
+    prompt of the kept sources, which left one answer a prompt whatever answers_per_prompt said."""
+    target, tok, _ = tiny_pair
+    kw = dict(target=target, tokenizer=tok, synthesize=3, max_new_tokens=8, batch_size=4, temperature=1.0)
+    ds = build_conversations([], work_dir=tmp_path, regenerate_responses=False, answers_per_prompt=2, **kw)
+    assert len(set(ds["prompt"])) <= 3 < len(ds)
+
+
 @pytest.mark.parametrize(
     "kw, says",
     [

@@ -163,7 +163,7 @@ def build_conversations(
             fresh.append(synth)
     if not fresh and not kept and not texts:
         raise DataError("No data: give `data.sources` and/or `data.synthesize` > 0 in the recipe.")
-    if answers_per_prompt > 1 and not fresh and not (synthesize and not regenerate_responses):
+    if answers_per_prompt > 1 and not fresh and not synthesize:
         raise DataError(
             f"data.answers_per_prompt: {answers_per_prompt}, but the target answers no prompt here (every source is "
             "kept as written): set `regenerate: true` on a source, or answers_per_prompt to 1"
@@ -201,28 +201,26 @@ def build_conversations(
         how = f"{temperature}" if not settings else f"{[st.tag + ':' + str(st.share) for st in settings]}:{seed}"
         how += _times(answers_per_prompt)
         key = hashlib.sha1(f"{ds._fingerprint}:{who}:{max_new_tokens}:{how}:{max_turns}".encode()).hexdigest()[:10]
-        out.append(
-            regenerate(
-                _repeat(ds, answers_per_prompt),
-                target,
-                tokenizer,
-                work_dir / f"regen-{key}.jsonl",
-                max_new_tokens=max_new_tokens,
-                temperature=temperature,
-                batch_size=batch_size,
-                max_turns=max_turns,
-                draft=draft_for(0.0 if settings else temperature),
-                settings=settings,
-                seed=seed,
-                report=calls.setdefault(f"regen-{key}.jsonl", {}),
-            )
+        answered = regenerate(
+            _repeat(ds, answers_per_prompt),
+            target,
+            tokenizer,
+            work_dir / f"regen-{key}.jsonl",
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            batch_size=batch_size,
+            max_turns=max_turns,
+            draft=draft_for(0.0 if settings else temperature),
+            settings=settings,
+            seed=seed,
+            report=calls.setdefault(f"regen-{key}.jsonl", {}),
         )
-    if kept:
-        out.append(clean(kept))
+        # a prompt's answers that came out the same are one sample
+        out.append(dedupe(answered, whole=True) if answers_per_prompt > 1 else answered)
+    if kept:  # several answers of a synthesised prompt are kept too: only answers that came out the same are one
+        out.append(clean(kept, whole=answers_per_prompt > 1))
     # sampled answers of prompts a kept source answers too, or several answers of one prompt
     both = any(st.temperature > 0 for st in settings) or answers_per_prompt > 1
-    if answers_per_prompt > 1:  # a prompt's answers that came out the same are one sample
-        out = [dedupe(part, whole=True) for part in out]
     if len(out) > 1:
         out = [dedupe(concatenate_datasets(out), whole=both).shuffle(seed=seed).flatten_indices()]
     out = [_grouped(part, whole=False) for part in out]
