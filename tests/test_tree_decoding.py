@@ -680,20 +680,38 @@ def _exact_three_token_distribution(target, ids, processors):
 
 
 @pytest.mark.parametrize(
-    "sampling, sparse_limit",
-    [({}, None), ({"temperature": 0.7, "top_k": 6, "top_p": 0.9}, None), ({"temperature": 0.7, "top_p": 0.9}, 2)],
-    ids=["plain", "temperature-topk-topp", "temperature-topp-scattered"],
+    "sampling, sparse_limit, drafted",
+    [
+        ({}, None, "top-k"),
+        ({"temperature": 0.7, "top_k": 6, "top_p": 0.9}, None, "top-k"),
+        ({"temperature": 0.7, "top_p": 0.9}, 2, "top-k"),
+        ({}, None, "sampled"),
+        ({"temperature": 0.7, "top_k": 6, "top_p": 0.9}, None, "sampled"),
+        ({"temperature": 0.7, "top_p": 0.9}, 2, "sampled"),
+        ({"temperature": 0.7, "top_p": 0.9}, None, "sampled-random-draft"),
+    ],
+    ids=[
+        "plain",
+        "temperature-topk-topp",
+        "temperature-topp-scattered",
+        "drawn-plain",
+        "drawn-temperature-topk-topp",
+        "drawn-temperature-topp-scattered",
+        "drawn-by-a-random-draft",
+    ],
 )
-def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, monkeypatch):
+def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, drafted, monkeypatch):
     """8000 rows sample 5 tokens each; the first 3 (the first from the prefill, the next two decided by the
     first tree: accepted draft tokens or the residual) must follow the exact joint distribution. The walk reads a
-    top-k / top-p distribution on its support (``nucleus``), or scattered over the vocabulary when it is wide."""
+    top-k / top-p distribution on its support (``nucleus``), or scattered over the vocabulary when it is wide. The
+    tree's children are the draft's top-k (one-hot proposals) or drawn from it (``draft_sampling``: recursive
+    rejection sampling with its probabilities), also from a random draft, whose q is far from p."""
     if sparse_limit is not None:
         monkeypatch.setattr(acceptance, "SPARSE_LIMIT", sparse_limit)
     target = make_tiny_target("llama", vocab_size=16)
     with torch.no_grad():
         target.lm_head.weight.mul_(4.0)  # a peakier random target: the draft's candidates get accepted often
-    draft = copy_draft(target)
+    draft = random_draft(target, seed=3) if drafted == "sampled-random-draft" else copy_draft(target)
     ids = torch.tensor([[3, 7, 11, 5]])
     if sampling:  # logits of every tree slot from the verification forward (the other test: per visited node)
         monkeypatch.setattr(verification, "LOGITS_SUBSET_DEVICES", ())
@@ -720,9 +738,12 @@ def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, monkeypa
         total_tokens=12,
         min_node_prob=0.0,
         on_step=lambda t, d: accepted.append(sum(d)),
+        draft_sampling=drafted != "top-k",
         **sampling,
     )
-    assert accepted[1] > 0.3 * n  # the first tree accepted draft tokens in many rows (not just residual draws)
+    assert out.stats.tree["draft_sampling"] == (drafted != "top-k")
+    if drafted != "sampled-random-draft":
+        assert accepted[1] > 0.3 * n  # the first tree accepted draft tokens in many rows (not just residual draws)
     x = out.sequences[:, ids.shape[1] : ids.shape[1] + 3]
     for k in (2, 3):  # the joint of the first two tokens (more power per cell), then of all three
         cells = x[:, 0] * 16 + x[:, 1] if k == 2 else (x[:, 0] * 16 + x[:, 1]) * 16 + x[:, 2]
@@ -735,6 +756,45 @@ def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, monkeypa
         obs, exp = obs[exp > 0], exp[exp > 0]
         p_value = chisquare(obs.numpy(), exp.numpy() * obs.sum().item() / exp.sum().item()).pvalue
         assert p_value > 1e-3, (k, p_value)
+
+
+@pytest.mark.parametrize("on_support", [False, True], ids=["dense", "support"])
+def test_recursive_rejection_over_drawn_children_emits_the_target_distribution(on_support):
+    """One node, 200,000 rows: three children drawn without replacement from a draft distribution q far from the
+    target's p (over a draft vocabulary of 6 of the target's 8 tokens); the accepted child, or the draw from the last
+    residual, must follow p (chi-square), on p's support or over the vocabulary; and a child is accepted more often
+    than the one-hot rule would (sum min(p, q) against p of the draft's top child)."""
+    n, V = 200_000, 8
+    gen = torch.Generator().manual_seed(0)
+    p = torch.tensor([0.30, 0.25, 0.15, 0.10, 0.08, 0.07, 0.05, 0.0])
+    draft_targets = torch.tensor([0, 1, 2, 3, 5, 7])  # draft id -> target id: tokens 4 and 6 are outside
+    log_q = torch.tensor([0.05, 0.40, 0.30, 0.05, 0.15, 0.05]).log()
+    draft_of = torch.full((V,), -1)
+    draft_of[draft_targets] = torch.arange(6)
+    u = torch.rand(n, 6, generator=gen)
+    drawn = (log_q - torch.log(-torch.log(u))).topk(3, dim=-1).indices  # (n, 3) without replacement
+    tok = torch.cat([torch.zeros(n, 1, dtype=torch.long), draft_targets[drawn]], dim=1)  # slot 0 the root
+    cand = torch.tensor([False, True, True, True]).expand(n, 4)
+    proposal = verification.Proposal(log_q.expand(n, 1, 6), torch.zeros(n, 4, dtype=torch.long), draft_of)
+    support = probs = None
+    if on_support:  # p's support, largest first (the nucleus' form), padded with a zero-probability token
+        support = torch.tensor([0, 1, 2, 3, 4, 5, 6, 6]).expand(n, 8)
+        probs = p.expand(n, 8)
+    accept, residual = acceptance.proposal_level(
+        p.expand(n, V) if probs is None else probs, support, cand, tok, torch.zeros(n, dtype=torch.long), proposal, gen
+    )
+    assert (accept.sum(dim=-1) <= 1).all()
+    has = accept.any(dim=-1)
+    from_residual = torch.multinomial(residual, 1, generator=gen).squeeze(1)
+    if support is not None:
+        from_residual = support.gather(1, from_residual[:, None]).squeeze(1)
+    out = torch.where(has, tok.gather(1, accept.int().argmax(dim=-1, keepdim=True)).squeeze(1), from_residual)
+    counts = torch.bincount(out, minlength=V).double()
+    assert counts[p == 0].sum() == 0
+    expected = p[p > 0].double() / p.double().sum() * n
+    assert chisquare(counts[p > 0].numpy(), expected.numpy()).pvalue > 1e-3
+    q = torch.zeros(V).index_copy(0, draft_targets, log_q.exp())
+    assert has.double().mean() > torch.minimum(p, q).sum() > p[draft_targets[log_q.argmax()]]
 
 
 def test_the_lookup_branch_merges_into_the_drafted_tree():
@@ -1124,6 +1184,69 @@ def test_clear_errors():
         with pytest.raises(ValueError, match=f"set {name}=0 or draft_graph=False"):
             generate(target, draft, ids, max_new_tokens=4, draft_graph=True, **{name: 0.1})
         assert generate(target, draft, ids, max_new_tokens=4, draft_graph=True).stats.tree[name] == 0.0
+    # drawn children: on when sampling unless draft_graph or the lookup branch (refused together), off when greedy
+    tree = {k: generate(target, draft, ids, max_new_tokens=4, do_sample=v).stats.tree for k, v in (("s", True), ("g", False))}
+    assert tree["s"]["draft_sampling"] and not tree["g"]["draft_sampling"]
+    for kwargs in ({"draft_graph": True, "min_node_prob": 0.0, "grow_min_prob": 0.0}, {"lookup_tokens": 4}):
+        assert not generate(target, draft, ids, max_new_tokens=4, do_sample=True, **kwargs).stats.tree["draft_sampling"]
+    with pytest.raises(ValueError, match="set draft_graph=False or draft_sampling=False"):
+        generate(target, draft, ids, max_new_tokens=4, do_sample=True, draft_sampling=True, draft_graph=True, min_node_prob=0.0)
+    with pytest.raises(ValueError, match="set lookup_tokens=0 or draft_sampling=False"):
+        generate(target, draft, ids, max_new_tokens=4, do_sample=True, draft_sampling=True, lookup_tokens=4)
+    with pytest.raises(ValueError, match="draft_sampling must be True, False or None"):
+        generate(target, draft, ids, max_new_tokens=4, draft_sampling="yes")
+
+
+def test_drawn_children_form_an_ancestor_closed_tree_of_distinct_siblings():
+    """Sampled trees: parents precede their children, siblings are distinct tokens, and every parent has the draft
+    distribution its children were drawn from."""
+    target = make_tiny_target("llama")
+    draft = random_draft(target, seed=5)
+    ids = prompt(seed=4)
+    trees = []
+    original = verification.Tree.build.__func__
+
+    def build(cls, *args, **kwargs):
+        tree = original(cls, *args, **kwargs)
+        trees.append(tree)
+        return tree
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(verification.Tree, "build", classmethod(build))
+        generate(target, draft, ids.expand(3, -1), max_new_tokens=24, do_sample=True, temperature=1.0, **TREE)
+    assert trees and all(t.proposal is not None for t in trees)
+    for t in trees:
+        S = t.tok.shape[1]
+        for r in range(t.tok.shape[0]):
+            parents = t.parent[r, 1:].tolist()
+            assert all(p < i + 1 for i, p in enumerate(parents))  # parents precede their children
+            for p in set(parents):
+                kids = [t.tok[r, i + 1].item() for i, q in enumerate(parents) if q == p]
+                assert len(kids) == len(set(kids))
+                row = t.proposal.slot_rows[r, p]
+                assert row >= 0  # an expanded node has its distribution, which gave each of its children a chance
+                assert all(t.proposal.log_q[r, row, t.proposal.draft_of[c]] > -float("inf") for c in kids)
+            assert t.proposal.slot_rows.shape[1] == S
+
+
+def test_a_drawn_childs_score_says_nothing_of_its_token():
+    """What keeps sampled trees lossless: the score that decides whether the tree keeps a node's j-th drawn child is
+    the j-th largest draft log-probability there, whichever token was drawn; the draws are without replacement, the
+    first distributed as the draft's distribution at the drawing temperature (chi-square)."""
+    from types import SimpleNamespace
+
+    n, k = 200_000, 3
+    logits = torch.tensor([2.0, 1.5, 1.0, 0.5, 0.0, -1.0]).expand(n, 6)
+    parent = torch.full((n,), -0.7)
+    me = SimpleNamespace(top_k=k, sampling=(0.8, torch.Generator().manual_seed(0)), log_probs=Drafter.log_probs)
+    score, ids, logq = Drafter.children(me, parent, logits)
+    top = Drafter.log_probs(logits[:1]).topk(k).values[0]
+    assert torch.equal(score, (parent[:, None] + top).expand(n, k))  # the same for every row, whatever it drew
+    assert (ids[:, 0] != ids[:, 1]).all() and (ids[:, 1] != ids[:, 2]).all() and (ids[:, 0] != ids[:, 2]).all()
+    assert torch.allclose(logq[0], torch.log_softmax(logits[0] / 0.8, dim=-1))
+    counts = torch.bincount(ids[:, 0], minlength=6).double()
+    q = logq[0].double().exp()
+    assert chisquare(counts.numpy(), (q / q.sum() * n).numpy()).pvalue > 1e-3
 
 
 def test_attention_kernels_leave_out_cudnn_on_cuda_only():

@@ -182,6 +182,7 @@ def build_methods(
                         min_node_prob=params.get("min_node_prob"),
                         grow_min_prob=params.get("grow_min_prob"),
                         adaptive=None if params.get("adaptive") is None else bool(params["adaptive"]),
+                        draft_sampling=None if params.get("draft_sampling") is None else bool(params["draft_sampling"]),
                     )
                     return out.sequences, out.stats
 
@@ -286,6 +287,7 @@ class TurnRunner:
                     "min_node_prob": tree.get("min_node_prob"),
                     "grow_min_prob": tree.get("grow_min_prob"),
                     "adaptive": tree.get("adaptive"),
+                    "draft_sampling": tree.get("draft_sampling"),
                 }
         elif method.kind == "same_forward":  # one token per forward, no draft
             forwards, draft_t, verify_t = stats.target_forwards, 0.0, stats.verify_time_s

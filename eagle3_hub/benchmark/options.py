@@ -18,7 +18,8 @@ TREE_KEY_TYPES = {
     "min_node_prob": float,
     "grow_min_prob": float,
     "adaptive": int,
-}  # adaptive: 1 on, 0 off
+    "draft_sampling": int,
+}  # adaptive, draft_sampling: 1 on, 0 off
 TREE_KEYS = tuple(TREE_KEY_TYPES)
 
 SWEEP_DEFAULTS = {"depth": "3,5,7", "tree_top_k": "4,8", "total_tokens": "16,32,60"}
@@ -79,9 +80,9 @@ def tree_grid(trees: str | None = None, **lists) -> list[dict]:
 
     for setting in grid:  # a value outside its range is refused, never dropped with the shapes below
         for key, value in setting.items():
-            if key == "adaptive":
+            if key in ("adaptive", "draft_sampling"):
                 if value not in (0, 1):
-                    raise ValueError(f"adaptive takes 1 (on) or 0 (off), got {value!r}")
+                    raise ValueError(f"{key} takes 1 (on) or 0 (off), got {value!r}")
                 continue
             check_setting(key, value)
     # a tree of depth d and top-k k proposes k + (d - 1) * k^2 nodes: larger total_tokens is not a tree shape

@@ -118,19 +118,20 @@ def markdown_table(results: dict) -> str:
     return "\n".join(lines)
 
 
+SWEEP_COLUMNS = ("depth", "tree_top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob", "draft_sampling")
+
+
 def sweep_table(results: dict, limit: int = 10) -> str:
     lines = []
     for mode, sweep in (results.get("sweep") or {}).items():
         lines.append(f"Tree settings, {mode}, best first:\n")
-        lines.append(
-            "| depth | tree_top_k | total_tokens | lookup_tokens | min_node_prob | grow_min_prob | Speed-up | Tokens/s | Accept. length |"
-        )
-        lines.append("|---|---|---|---|---|---|---|---|---|")
+        lines.append("| " + " | ".join(SWEEP_COLUMNS) + " | Speed-up | Tokens/s | Accept. length |")
+        lines.append("|" + "---|" * (len(SWEEP_COLUMNS) + 3))
         for r in sweep["ranking"][:limit]:
             lines.append(
-                f"| {r.get('depth', 'default')} | {r.get('tree_top_k', 'default')} | {r.get('total_tokens', 'default')} | "
-                f"{r.get('lookup_tokens', 'default')} | {r.get('min_node_prob', 'default')} | {r.get('grow_min_prob', 'default')} | "
-                f"{_fmt(r['speedup'], '.2f')}× | {_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['mean_acceptance_length'], '.2f')} |"
+                "| "
+                + " | ".join(str(r.get(k, "default")) for k in SWEEP_COLUMNS)
+                + f" | {_fmt(r['speedup'], '.2f')}× | {_fmt(r['tokens_per_s'], '.1f')} | {_fmt(r['mean_acceptance_length'], '.2f')} |"
             )
         lines.append("")
     return "\n".join(lines)

@@ -79,6 +79,13 @@ def add_arguments(parser: argparse.ArgumentParser):
         "reaches this (0 = always --depth levels; default: per device)",
     )
     parser.add_argument(
+        "--draft-sampling",
+        choices=["on", "off"],
+        default=None,
+        help="sampling: draw each tree node's children from the draft's distribution (on, the default) or take its "
+        "most probable tokens (off); both keep the target's distribution",
+    )
+    parser.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "bfloat16", "float16", "float32"],
@@ -149,6 +156,7 @@ def run(args: argparse.Namespace) -> int:
         lookup_tokens=args.lookup_tokens,
         min_node_prob=args.min_node_prob,
         grow_min_prob=args.grow_min_prob,
+        draft_sampling=None if args.draft_sampling is None else args.draft_sampling == "on",
         generator=generator,
     )
     if args.stats:

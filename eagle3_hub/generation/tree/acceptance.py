@@ -13,6 +13,14 @@ is thus accepted (given ``c_1..c_{j-1}`` were rejected) with probability ``p(c_j
 evaluated here for all children at once. An accepted child continues the walk there, under the target's
 distribution given the longer prefix, so every emitted token follows the target's processed next-token
 distribution given everything before it.
+
+Sampling with children drawn from the draft (``draft_sampling``): the children ``c_1, ..., c_m`` of a node are the
+first m draws without replacement from the draft's distribution ``q`` there (``drafting``). Recursive rejection
+sampling: accept ``c_j`` with probability ``min(1, p_j(c_j) / q_j(c_j))``, where ``q_j`` is ``q`` without
+``c_1..c_{j-1}``, renormalised (the law ``c_j`` was drawn from), and ``p_1 = p``; on a rejection
+``p_{j+1} = norm(max(0, p_j - q_j))``. Then ``P(y) = min(p_j, q_j)(y) + (1 - sum min(p_j, q_j)) p_{j+1}(y) = p_j(y)``
+at each j, so the emitted token follows ``p``; after m rejections it is drawn from ``p_{m+1}`` (Jeon et al. 2024,
+recursive speculative decoding). A child the draft gave probability 0 is no proposal (skipped).
 """
 
 from __future__ import annotations
@@ -25,7 +33,7 @@ from transformers.generation import logits_process as _lp
 
 from .fast_paths import argmax
 from .nucleus import SPARSE_LIMIT, Nucleus, draw, scattered
-from .verification import Tree
+from .verification import Proposal, Tree
 
 # logits processors that look at the scores only (not at the tokens so far): applied to all tree nodes at once
 HISTORY_FREE_PROCESSORS = tuple(
@@ -81,6 +89,11 @@ class Processing:
         return (self.do_sample,) + tuple(
             (type(p).__name__, tuple(sorted((k, v) for k, v in vars(p).items() if isinstance(v, plain)))) for p in self.processors
         )
+
+    @property
+    def temperature(self) -> float:
+        """The sampling temperature (1.0 without a temperature warper): the draft samples its children at it."""
+        return next((float(p.temperature) for p in self.processors if isinstance(p, _lp.TemperatureLogitsWarper)), 1.0)
 
     @property
     def walks(self) -> bool:
@@ -149,6 +162,45 @@ def accept_greedy(tree: Tree, logits, keep, node_logits, process: Processing):
     return end, bonus
 
 
+def proposal_level(probs, support, cand, tok, cur, proposal: Proposal, generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Recursive rejection sampling at each row's node ``cur`` (b,) over its sampled children (``cand`` (b, S), in slot
+    order, which is draw order): the target's processed distribution ``probs`` on ``support`` (b, K) (None: over the
+    vocabulary). Returns (accepted child (b, S), at most one per row; the distribution the token is drawn from
+    where every child was rejected (b, K))."""
+    b = tok.shape[0]
+    rows = torch.arange(b, device=tok.device)
+    q = proposal.log_q[rows, proposal.slot_rows[rows, cur].clamp(min=0)].exp()  # (b, Vd) the draft's q at cur
+    draft_of = proposal.draft_of
+    ids = torch.arange(probs.shape[1], device=tok.device).expand(b, -1) if support is None else support
+    in_q = ids < draft_of.numel()
+    d = torch.where(in_q, draft_of[ids.clamp(max=draft_of.numel() - 1)], -1)
+    q_sup = torch.where(d >= 0, q.gather(1, d.clamp(min=0)), 0.0)  # q on the support of p (b, K)
+    child_d = draft_of[tok.clamp(max=draft_of.numel() - 1)]  # children are draft tokens
+    q_child = torch.where(cand, q.gather(1, child_d.clamp(min=0)), 0.0)  # (b, S)
+    p = probs
+    left = torch.ones(b, device=tok.device)  # q's mass not yet drawn: q_j = q / left off the drawn children
+    accept = torch.zeros_like(cand)
+    rank = cand.cumsum(dim=-1) * cand  # 1..m: a child's place in the draw
+    for j in range(1, int(rank.max()) + 1):
+        at = rank == j  # (b, S) the j-th child, where a row has one
+        slot = at.int().argmax(dim=-1)
+        c = tok[rows, slot]
+        q_c = q_child[rows, slot] / left.clamp_min(1e-30)
+        hit = ids == c[:, None]  # (b, K)
+        p_c = (p * hit).sum(dim=-1)
+        live = at.any(dim=-1) & ~accept.any(dim=-1) & (q_c > 0)
+        ratio = (p_c / q_c.clamp_min(1e-30)).clamp(max=1.0)
+        ok = live & (torch.rand(b, device=tok.device, generator=generator) < ratio)
+        accept |= at & ok[:, None]
+        rejected = live & ~ok
+        residual = (p - q_sup / left.clamp_min(1e-30)[:, None]).clamp_min(0.0)
+        mass = residual.sum(dim=-1, keepdim=True)
+        # p_{j+1} is 0 at a rejected child (p_j < q_j there), so q_sup need not drop it: only its mass leaves q
+        p = torch.where(rejected[:, None] & (mass > 0), residual / mass.clamp_min(1e-30), p)
+        left = torch.where(rejected, left - q_child[rows, slot], left)
+    return accept, p
+
+
 def kept_slots(tree: Tree, keep) -> torch.Tensor:
     """slot -> its row in the verification's kept logits (``keep`` as ``Verifier.logits_rows`` chose it), -1 where
     the verification computed none (S,)."""
@@ -204,7 +256,10 @@ def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing, hist
             return [history(i, prefix[i]) for i in range(b)]
 
         cand = is_child[arange_b, cur] & alive[:, None]  # (b, S)
-        if process.do_sample:
+        if process.do_sample and tree.proposal is not None:
+            support, probs = process.distribution(level_raw(), prefixes)
+            accept, residual = proposal_level(probs, support, cand, tok, cur, tree.proposal, process.generator)
+        elif process.do_sample:
             support, probs = process.distribution(level_raw(), prefixes)
             if support is None:
                 p_tok = probs.gather(1, tok)
@@ -223,7 +278,11 @@ def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing, hist
         has = accept.any(dim=-1)
         stop_here = alive & ~has
         if not cpu or bool(stop_here.any()):  # (no host sync per level on accelerators)
-            if process.do_sample:
+            if process.do_sample and tree.proposal is not None:
+                drawn = torch.multinomial(residual, 1, generator=process.generator).squeeze(1)
+                if support is not None:
+                    drawn = support.gather(1, drawn[:, None]).squeeze(1)
+            elif process.do_sample:
                 # residual: p without every (rejected) child of this node, renormalised
                 if support is None:
                     hit = torch.zeros_like(probs).scatter_add_(1, tok, cand.float()) > 0

@@ -49,6 +49,7 @@ def generate(
     trust_remote_code: bool = False,
     adaptive: bool | None = None,
     proposer: str = "draft",
+    draft_sampling: bool | None = None,
 ) -> TreeDecodingOutput:
     """EAGLE tree decoding of ``target`` with ``draft``; equal to ``target.generate`` in distribution (token
     for token when greedy, up to floating-point ties).
@@ -66,10 +67,12 @@ def generate(
         adaptive: choose each step's tree at run time from the running acceptance and the machine's measured
             costs, down to no tree (``TreeConfig.adaptive``); default: on unless depth / tree_top_k /
             total_tokens is given.
+        draft_sampling: when sampling, draw each node's children from the draft's distribution rather than take its
+            most probable tokens (``TreeConfig.draft_sampling``); default: on when sampling.
         proposer: ``"draft"``, or ``"target"``: the target proposes every node's children itself, its own most
             probable tokens (``oracle.TargetProposer``), so the acceptance is the most this tree shape and walk can
-            reach with a perfect draft; for measurement only (each tree level runs the target: its speed means
-            nothing), and with a fixed shape.
+            reach with a perfect draft's top tokens (one-hot children: ``draft_sampling`` is off); for measurement
+            only (each tree level runs the target: its speed means nothing), and with a fixed shape.
         on_step: ``on_step(tokens, num_from_draft)`` after every target forward: per row the tokens it just
             committed and how many of them came from the draft tree or the lookup branch (the rest: the
             target's bonus token).
@@ -105,6 +108,7 @@ def generate(
         grow_min_prob=grow_min_prob,
         draft_graph=draft_graph,
         adaptive=adaptive,
+        draft_sampling=draft_sampling,
     )
     return _run(
         target,
@@ -143,6 +147,7 @@ def tree_generate(
     grow_min_prob: float | None = None,
     tree_config: TreeConfig | None = None,
     adaptive: bool | None = None,
+    draft_sampling: bool | None = None,
     **model_kwargs,
 ):
     """``target.generate(ids, custom_generate=tree_generate, draft=draft, ...)``.
@@ -174,6 +179,7 @@ def tree_generate(
         grow_min_prob=grow_min_prob,
         draft_graph=draft_graph,
         adaptive=adaptive,
+        draft_sampling=draft_sampling,
     )
     processing = Processing(logits_processor, bool(generation_config.do_sample), generator)
     out = _run(
@@ -225,7 +231,7 @@ def _run(
     if proposer not in ("draft", "target"):
         raise ValueError(f"proposer must be 'draft' or 'target', got {proposer!r}")
     if proposer == "target":  # the ceiling of one fixed shape
-        config = config.replace(adaptive=False)
+        config = config.replace(adaptive=False, draft_sampling=False)  # its proposals are one-hot
     _check_call(target, input_ids, max_new_tokens)
     draft = _prepare_draft(draft, target, trust_remote_code)
     input_ids, attention_mask = _check_prompt(target, input_ids, attention_mask, max_new_tokens, streamer)

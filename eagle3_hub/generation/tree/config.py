@@ -90,6 +90,11 @@ class TreeConfig:
         second, down to no tree (one token per row); the shape above is then the largest it may choose. Default
         (``None``): on, unless ``depth``, ``tree_top_k`` or ``total_tokens`` is given, which asks for that fixed
         shape; ``True`` with a shape makes it the largest; ``False`` is the fixed shape, given or default.
+    draft_sampling: when sampling, each node's children are drawn from the draft's distribution at the target's
+        temperature (without replacement) and acceptance reads the draft's probabilities (recursive rejection
+        sampling) instead of taking the draft's most probable tokens as one-hot proposals: both lossless; drawn
+        children are accepted more often where the target's distribution is wide. Default: on when sampling, off
+        with ``draft_graph`` or a lookup branch (neither supports it). No effect on greedy decoding.
     """
 
     depth: int | None = None
@@ -100,6 +105,7 @@ class TreeConfig:
     grow_min_prob: float | None = None
     draft_graph: bool | None = None
     adaptive: bool | None = None
+    draft_sampling: bool | None = None
 
     def replace(self, **overrides) -> TreeConfig:
         """A copy with the given fields set (``None`` values are ignored: they keep this config's)."""
@@ -110,25 +116,30 @@ class TreeConfig:
         clear ``ValueError`` per problem."""
         defaults = tree_defaults(device, dtype, do_sample, batch)
         graph = device.type == "cuda" if self.draft_graph is None else self.draft_graph
+        lookup = (0 if do_sample else int(defaults["lookup_tokens"])) if self.lookup_tokens is None else self.lookup_tokens
         min_p = (0.0 if graph else defaults["min_node_prob"]) if self.min_node_prob is None else self.min_node_prob
         grow_p = (0.0 if graph else defaults["grow_min_prob"]) if self.grow_min_prob is None else self.grow_min_prob
         c = TreeConfig(
             depth=int(defaults["depth"]) if self.depth is None else self.depth,
             tree_top_k=int(defaults["top_k"]) if self.tree_top_k is None else self.tree_top_k,
             total_tokens=int(defaults["total_tokens"]) if self.total_tokens is None else self.total_tokens,
-            lookup_tokens=(0 if do_sample else int(defaults["lookup_tokens"]))
-            if self.lookup_tokens is None
-            else self.lookup_tokens,
+            lookup_tokens=lookup,
             min_node_prob=min_p,
             grow_min_prob=grow_p,
             draft_graph=graph,
             adaptive=(self.depth is None and self.tree_top_k is None and self.total_tokens is None)
             if self.adaptive is None
             else self.adaptive,
+            draft_sampling=(do_sample and not graph and not lookup) if self.draft_sampling is None else self.draft_sampling,
         )
         c._check(draft_vocab, do_sample)
         return replace(
-            c, min_node_prob=float(min_p), grow_min_prob=float(grow_p), draft_graph=bool(c.draft_graph), adaptive=bool(c.adaptive)
+            c,
+            min_node_prob=float(min_p),
+            grow_min_prob=float(grow_p),
+            draft_graph=bool(c.draft_graph),
+            adaptive=bool(c.adaptive),
+            draft_sampling=bool(c.draft_sampling and do_sample),
         )
 
     def _check(self, draft_vocab: int, do_sample: bool):
@@ -136,6 +147,17 @@ class TreeConfig:
             check_setting(name, getattr(self, name))
         if not isinstance(self.adaptive, bool):
             raise ValueError(f"adaptive must be True, False or None (None: on unless a shape is given), got {self.adaptive!r}")
+        if not isinstance(self.draft_sampling, bool):
+            raise ValueError(f"draft_sampling must be True, False or None (None: on when sampling), got {self.draft_sampling!r}")
+        if self.draft_sampling and do_sample and self.draft_graph:
+            raise ValueError(
+                "draft_sampling draws each tree anew, and draft_graph replays one: set draft_graph=False or draft_sampling=False."
+            )
+        if self.draft_sampling and do_sample and self.lookup_tokens:
+            raise ValueError(
+                "draft_sampling reads the draft's probability of each child, and the lookup branch's copied tokens have "
+                "none: set lookup_tokens=0 or draft_sampling=False."
+            )
         k, depth, total = self.tree_top_k, self.depth, self.total_tokens
         assert k is not None and depth is not None and total is not None  # positive integers (checked above)
         if k > draft_vocab:
@@ -158,5 +180,15 @@ class TreeConfig:
         shape["top_k"] = shape.pop("tree_top_k")
         del shape["draft_graph"]
         return {
-            k: shape[k] for k in ("depth", "top_k", "total_tokens", "lookup_tokens", "min_node_prob", "grow_min_prob", "adaptive")
+            k: shape[k]
+            for k in (
+                "depth",
+                "top_k",
+                "total_tokens",
+                "lookup_tokens",
+                "min_node_prob",
+                "grow_min_prob",
+                "adaptive",
+                "draft_sampling",
+            )
         }

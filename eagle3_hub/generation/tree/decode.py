@@ -52,8 +52,12 @@ class TreeDecoder:
         self.clock = PhaseClock(self.stats, self.device)
         self.verifier = Verifier(target, draft.config.aux_layer_ids, self.stats, self.clock)
         self.drafter: Drafter | TargetProposer = Drafter(draft, target, config, self.stats)  # or the target's proposer
+        if config.draft_sampling and processing.do_sample:
+            self.drafter.sample_with(processing.temperature, processing.generator)
         self.target, self.draft = target, draft
         self.controller: TreeController | None = None
+        # what decides acceptance besides the text: the adaptive tree learns its rates per these
+        self.settings = processing.settings + (("draft_sampling", config.draft_sampling),)
 
     def run(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[list[int]]:
         """Decode; returns each row's prompt + new tokens, right-padded to a common length."""
@@ -68,7 +72,7 @@ class TreeDecoder:
         self.processing.reserve(b * slots, self.device)
         if c.adaptive:  # the machine's costs: measured once per models, device and dtype, then from the cache
             costs = step_costs(self.target, self.draft, c, b, slots)
-            start = learnt_start(self.draft, self.target, c.depth, self.processing.settings)
+            start = learnt_start(self.draft, self.target, c.depth, self.settings)
             self.controller = TreeController(c, costs, b, row_depths=self.drafter.levels is None, start=start)
         capacity = L + self.max_new_tokens + c.total_tokens + c.lookup_tokens + c.depth + 16
         self.verifier.start(capacity)
@@ -125,7 +129,7 @@ class TreeDecoder:
                 self.stats.costs_measured_again = True
         if self.controller is not None:
             self.stats.tree_steps = dict(self.controller.chosen)
-            remember_learnt(self.draft, self.target, c.depth, self.processing.settings, self.controller)
+            remember_learnt(self.draft, self.target, c.depth, self.settings, self.controller)
 
         self.clock.finish()
         new_max = max(self.generated) if self.generated else 0
@@ -161,7 +165,7 @@ class TreeDecoder:
             self.clock.add("draft_time_s", t0, self.clock.now())
         else:
             nodes = (torch.zeros(b, 0, dtype=torch.long, device=self.device),) * 3
-        tree = Tree.build(self.root, *nodes, chain, depth)
+        tree = Tree.build(self.root, *nodes, chain, depth, getattr(self.drafter, "proposal", None) if depth >= 1 else None)
 
         # 2. verify: [root, nodes] in one target forward
         keep = self.verifier.logits_rows(tree)

@@ -6,6 +6,14 @@ the tokens accepted in the last step yields the root's children; each further le
 nodes by cumulative draft log-probability (each with its parent's draft hidden state), and each proposes its k best
 children. Of the pool of ``k + (depth - 1) * k * k`` candidates the ``total_tokens`` best form the tree, which is
 ancestor-closed because a child always scores below its parent.
+
+When sampling with ``draft_sampling``, each node's children are instead a sample of the draft's distribution (at
+``DRAW_TEMPERATURE_SHARE`` of the sampling temperature), drawn without replacement (Gumbel-top-k), and the j-th draw
+scores as the j-th most probable child would: the parent's score plus the j-th largest draft log-probability. A
+node's scores then depend on its parent's distribution only, not on which tokens were drawn, and fall with the draw
+order; the tree (the best ``total_tokens``, ties to the earlier draw) keeps a prefix of each node's draws, of a
+length that says nothing of their tokens: what recursive rejection sampling needs to stay lossless
+(``acceptance.proposal_level``). The shapes, the pruning and the adaptive tree's costs are those of the top-k tree.
 """
 
 from __future__ import annotations
@@ -20,11 +28,17 @@ from .config import TreeConfig
 from .fast_paths import packed_head
 from .masks import additive_mask, layer_type_masks
 from .outputs import TreeDecodingStats
+from .verification import Proposal
 
 # A tree after steps without one reads at most this many of their latest tokens per row: the draft reads what the
 # target just wrote, and a longer catch-up would cost each trial of a tree after a long run without one a draft
 # forward over all of it. The positions it leaves out are absent from the draft's cache, as a hole is.
 CATCH_UP_TOKENS = 8
+
+# With draft_sampling the children are drawn at this share of the sampling temperature: a draft is less sure than
+# its target, and its sharper distribution covers more of the target's (SmolLM2's reference draft on unseen prompts,
+# T=0.7 and 1: the best of 0.4-1.0; docs/tree-decoding.md, "Sampling with drawn children").
+DRAW_TEMPERATURE_SHARE = 0.6
 
 
 class Drafter:
@@ -58,6 +72,16 @@ class Drafter:
         self.head = packed_head(draft.lm_head) if isinstance(getattr(draft, "norm", None), torch.nn.Module) else None
         # the tree levels on fixed shapes: one CUDA graph per shape on CUDA
         self.levels = DraftLevels(capture=self.device.type == "cuda") if config.draft_graph else None
+        self.sampling: tuple[float, torch.Generator | None] | None = None  # (temperature, generator): draft_sampling
+        self.proposal: Proposal | None = None  # the last sampled tree's draft distributions
+
+    def sample_with(self, temperature: float, generator: torch.Generator | None):
+        """Draw each node's children from the draft's distribution at ``DRAW_TEMPERATURE_SHARE`` of the sampling
+        ``temperature`` (module docstring)."""
+        self.sampling = (temperature * DRAW_TEMPERATURE_SHARE, generator)
+        target_ids = torch.arange(self.d2t.numel(), device=self.device) + self.d2t
+        self.draft_of = torch.full((int(target_ids.max()) + 1,), -1, dtype=torch.long, device=self.device)
+        self.draft_of[target_ids] = torch.arange(target_ids.numel(), device=self.device)
 
     def start(self, b: int, capacity: int):
         self.cache = TreeKVCache(self.num_layers, capacity)
@@ -120,6 +144,18 @@ class Drafter:
         kept = out.hidden_states[:, -logits_to_keep:] if logits_to_keep else out.hidden_states
         return self.head(self.draft.norm(kept)), out.hidden_states
 
+    def children(self, parent_score: torch.Tensor, logits: torch.Tensor):
+        """parent_score (...), logits (..., Vd) -> (scores (..., k), draft ids (..., k), the log-probabilities they were
+        drawn from (..., Vd), None for the top-k) of each node's k children."""
+        child_logp, ids = self.log_probs(logits).topk(self.top_k, dim=-1)
+        if self.sampling is None:
+            return parent_score[..., None] + child_logp, ids, None
+        temperature, generator = self.sampling
+        logq = torch.log_softmax(logits.float() / temperature, dim=-1)
+        u = torch.rand(logq.shape, device=logq.device, generator=generator).clamp_(1e-20, 1.0 - 1e-7)
+        ids = (logq - torch.log(-torch.log(u))).topk(self.top_k, dim=-1).indices  # log q + Gumbel: draws in order
+        return parent_score[..., None] + child_logp, ids, logq
+
     @staticmethod
     def log_probs(logits: torch.Tensor) -> torch.Tensor:
         # strictly negative, so a child always scores below its parent (the selected tree is ancestor-closed)
@@ -163,16 +199,16 @@ class Drafter:
         if self.unread:
             self.read(holes)
         logits, root_hidden = self.root_out
-        k = self.top_k
-        logp = self.log_probs(logits)  # (b, Vd)
-        score, draft_ids = logp.topk(k, dim=-1)  # (b, k): the root's children
-        token = draft_ids + self.d2t[draft_ids]
+        score, draft_ids, root_q = self.children(logits.new_zeros(logits.shape[0], dtype=torch.float32), logits)
+        token = draft_ids + self.d2t[draft_ids]  # (b, k): the root's children
         if self.levels is not None:  # fixed shapes (a CUDA graph on CUDA)
             return self.levels(self, depth, score, token, root_hidden, next_pos)
         # a node at depth d comes with its d - 1 ancestors, so no node past depth total_tokens can be selected: those
         # levels are not drafted (the same tree)
         depth = min(depth, self.total_tokens)
-        tree = self.grow(depth, score, token, root_hidden, self.valid[:, None, :], self.cache, next_pos, row_depth, self.pos)
+        tree = self.grow(
+            depth, score, token, root_hidden, self.valid[:, None, :], self.cache, next_pos, row_depth, self.pos, root_q
+        )
         self.cache.rollback()  # the tree's draft slots are not context
         return tree
 
@@ -182,12 +218,13 @@ class Drafter:
         rarely be accepted). One sync; never with draft_graph."""
         return self.grow_logp is None or bool((f_score >= self.grow_logp).any())
 
-    def grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos, row_depth=None, ctx_pos=None):
+    def grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos, row_depth=None, ctx_pos=None, root_q=None):
         """Levels 2..depth of the tree from the root's k children (score, token: (b, k); root_hidden (b, 1, H)),
         then the best ``total_tokens`` nodes of the pool. ``ctx_allowed`` (b, 1, C): the draft context slots of
         ``cache`` each row may read, at positions ``ctx_pos`` (b, C); the levels append their slots to ``cache``
         after them. ``row_depth`` (b,): a row takes its nodes from its first ``row_depth`` levels only (they must
-        hold ``total_tokens``)."""
+        hold ``total_tokens``). ``root_q`` (b, Vd): the root's draft log-probabilities when the children are sampled;
+        ``self.proposal`` then holds those of every expanded node."""
         dev = self.device
         b, k = score.shape
         H = root_hidden.shape[-1]
@@ -201,6 +238,8 @@ class Drafter:
         eye_k = torch.eye(k, dtype=torch.bool, device=dev).expand(b, k, k)
         offset = k
         key_pos = ctx_pos  # positions of the slots the next level reads (sliding-window drafts)
+        sampled_q = [] if root_q is None else [root_q[:, None]]  # the expanded nodes' draft log-probabilities
+        sampled_at = []  # ...and the pool indices of those below the root
 
         # one draft forward per further level
         for lvl in range(2, depth + 1):
@@ -212,9 +251,11 @@ class Drafter:
             if self.window is not None:
                 key_pos = torch.cat([key_pos, f_pos], dim=1)
             logits, hidden = self.forward(f_tok, f_pos, allowed, hidden=f_hidden, cache=cache, key_pos=key_pos)
-            logp = self.log_probs(logits)  # (b, k, Vd)
-            child_logp, child_ids = logp.topk(k, dim=-1)  # (b, k, k)
-            c_score = (f_score[:, :, None] + child_logp).reshape(b, k * k)
+            child_score, child_ids, logq = self.children(f_score, logits)  # (b, k, k)
+            if logq is not None:
+                sampled_q.append(logq)
+                sampled_at.append(f_index)
+            c_score = child_score.reshape(b, k * k)
             c_tok = (child_ids + self.d2t[child_ids]).reshape(b, k * k)
             pool_score.append(c_score)
             pool_tok.append(c_tok)
@@ -242,13 +283,21 @@ class Drafter:
         N = min(self.total_tokens, P)
         if self.min_node_logp is not None:  # fewer nodes where the draft gives the rest little chance (one sync)
             N = max(1, min(N, int((pool_score >= self.min_node_logp).sum(-1).max())))
-        selected = pool_score.topk(N, dim=-1).indices.sort(dim=-1).values  # (b, N), pool order: parents first
+        # ties to the earlier pool index: a node's kept draws stay a prefix of its draws (module docstring)
+        selected = pool_score.neg().sort(dim=-1, stable=True).indices[:, :N].sort(dim=-1).values  # (b, N), parents first
         slot_of = torch.full((b, P + 1), -1, dtype=torch.long, device=dev)  # pool index -> node index
         slot_of.scatter_(1, selected, torch.arange(N, device=dev).expand(b, N))
         parent_pool = torch.cat(pool_parent, dim=1).gather(1, selected)
         node_parent = slot_of.gather(1, parent_pool) + 1  # slot of the parent, root = 0
         node_tok = torch.cat(pool_tok, dim=1).gather(1, selected)
         node_depth = pool_depth[selected]
+        if root_q is not None:  # each slot's row among the expanded nodes' distributions (-1: a leaf)
+            row_of = torch.full((b, P + 1), -1, dtype=torch.long, device=dev)
+            row_of[:, P] = 0
+            for i, at in enumerate(sampled_at):
+                row_of.scatter_(1, at, (1 + i * k + torch.arange(k, device=dev)).expand(b, k))
+            slot_rows = row_of.gather(1, torch.cat([torch.full((b, 1), P, device=dev), selected], dim=1))
+            self.proposal = Proposal(torch.cat(sampled_q, dim=1), slot_rows, self.draft_of)
         return node_tok, node_parent, node_depth
 
 

@@ -30,6 +30,17 @@ def forward_cache_kwarg(model) -> str:
 
 
 @dataclass
+class Proposal:
+    """The draft's distributions of a sampled tree (``draft_sampling``): log-probabilities at the sampling
+    temperature over the draft vocabulary of the root and of each node the draft expanded (b, R, Vd); each slot's row
+    there (b, S), -1 at a leaf; and the draft id of each target id (V,), -1 outside the draft vocabulary."""
+
+    log_q: torch.Tensor
+    slot_rows: torch.Tensor
+    draft_of: torch.Tensor
+
+
+@dataclass
 class Tree:
     """The slots of one verification, per row (b rows, S = N + 1 slots): slot 0 is the root, slots 1..n_tree the draft
     tree's nodes, the rest the lookup branch; parents precede their children. The lookup branch is merged into the
@@ -44,9 +55,12 @@ class Tree:
     n_tree: int
     depth: int  # at least the deepest slot's level
     duplicate: torch.Tensor | None = None  # (b, S) a slot whose token an earlier sibling holds (None: none can)
+    proposal: Proposal | None = None  # the children were sampled from the draft (None: its top-k, one-hot)
 
     @classmethod
-    def build(cls, root, node_tok, node_parent, node_depth, chain: torch.Tensor | None, depth: int) -> Tree:
+    def build(
+        cls, root, node_tok, node_parent, node_depth, chain: torch.Tensor | None, depth: int, proposal: Proposal | None = None
+    ) -> Tree:
         b, n_tree = node_tok.shape
         dev = root.device
         duplicate = None
@@ -74,7 +88,7 @@ class Tree:
             sibling = (parent[:, :, None] == parent[:, None, :]) & (tok[:, :, None] == tok[:, None, :]) & earlier
             duplicate = sibling.any(dim=-1)
             duplicate[:, 0] = False
-        return cls(tok, parent, level, ancestors(parent, depth), n_tree, depth, duplicate)
+        return cls(tok, parent, level, ancestors(parent, depth), n_tree, depth, duplicate, proposal)
 
     @property
     def N(self) -> int:
