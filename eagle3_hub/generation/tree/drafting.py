@@ -37,7 +37,7 @@ CATCH_UP_TOKENS = 8
 
 # With draft_sampling the children are drawn at this share of the sampling temperature: a draft is less sure than
 # its target, and its sharper distribution covers more of the target's (SmolLM2's reference draft on unseen prompts,
-# T=0.7 and 1: the best of 0.4-1.0; docs/tree-decoding.md, "Sampling with drawn children").
+# T=0.7 and 1: 0.6-0.8 the best of 0.4-1.0; docs/benchmarks.md, "Children drawn from the draft").
 DRAW_TEMPERATURE_SHARE = 0.6
 
 
