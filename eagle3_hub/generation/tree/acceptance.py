@@ -278,19 +278,15 @@ def accept_walk(tree: Tree, logits, keep, node_logits, process: Processing, hist
         has = accept.any(dim=-1)
         stop_here = alive & ~has
         if not cpu or bool(stop_here.any()):  # (no host sync per level on accelerators)
-            if process.do_sample and tree.proposal is not None:
-                drawn = torch.multinomial(residual, 1, generator=process.generator).squeeze(1)
-                if support is not None:
-                    drawn = support.gather(1, drawn[:, None]).squeeze(1)
-            elif process.do_sample:
-                # residual: p without every (rejected) child of this node, renormalised
-                if support is None:
-                    hit = torch.zeros_like(probs).scatter_add_(1, tok, cand.float()) > 0
-                else:
-                    hit = (match & cand[:, :, None]).any(dim=1)
-                residual = probs.masked_fill(hit, 0.0)
-                empty = residual.sum(dim=-1, keepdim=True) <= 0
-                residual = torch.where(empty, probs, residual)
+            if process.do_sample:
+                if tree.proposal is None:  # residual: p without every (rejected) child of this node, renormalised
+                    if support is None:
+                        hit = torch.zeros_like(probs).scatter_add_(1, tok, cand.float()) > 0
+                    else:
+                        hit = (match & cand[:, :, None]).any(dim=1)
+                    residual = probs.masked_fill(hit, 0.0)
+                    empty = residual.sum(dim=-1, keepdim=True) <= 0
+                    residual = torch.where(empty, probs, residual)
                 drawn = torch.multinomial(residual, 1, generator=process.generator).squeeze(1)
                 if support is not None:
                     drawn = support.gather(1, drawn[:, None]).squeeze(1)
