@@ -90,11 +90,12 @@ class TreeConfig:
         second, down to no tree (one token per row); the shape above is then the largest it may choose. Default
         (``None``): on, unless ``depth``, ``tree_top_k`` or ``total_tokens`` is given, which asks for that fixed
         shape; ``True`` with a shape makes it the largest; ``False`` is the fixed shape, given or default.
-    draft_sampling: when sampling, each node's children are drawn from the draft's distribution at the target's
-        temperature (without replacement) and acceptance reads the draft's probabilities (recursive rejection
-        sampling) instead of taking the draft's most probable tokens as one-hot proposals: both lossless; drawn
-        children are accepted more often where the target's distribution is wide. Default: on when sampling, off
-        with ``draft_graph`` or a lookup branch (neither supports it). No effect on greedy decoding.
+    draft_sampling: when sampling, each node's children are drawn from the draft's distribution (without
+        replacement, at ``drafting.DRAW_TEMPERATURE_SHARE`` of the sampling temperature) and acceptance reads the
+        draft's probabilities (recursive rejection sampling) instead of taking the draft's most probable tokens as
+        one-hot proposals: both lossless; drawn children are accepted more often where the target's distribution is
+        wide. Default: on when sampling, off with ``draft_graph`` or a lookup branch (neither supports it). No
+        effect on greedy decoding.
     """
 
     depth: int | None = None

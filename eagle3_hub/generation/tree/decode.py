@@ -52,7 +52,7 @@ class TreeDecoder:
         self.clock = PhaseClock(self.stats, self.device)
         self.verifier = Verifier(target, draft.config.aux_layer_ids, self.stats, self.clock)
         self.drafter: Drafter | TargetProposer = Drafter(draft, target, config, self.stats)  # or the target's proposer
-        if config.draft_sampling and processing.do_sample:
+        if config.draft_sampling:  # resolved: on only when sampling
             self.drafter.sample_with(processing.temperature, processing.generator)
         self.target, self.draft = target, draft
         self.controller: TreeController | None = None

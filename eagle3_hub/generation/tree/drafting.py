@@ -79,7 +79,7 @@ class Drafter:
         """Draw each node's children from the draft's distribution at ``DRAW_TEMPERATURE_SHARE`` of the sampling
         ``temperature`` (module docstring)."""
         self.sampling = (temperature * DRAW_TEMPERATURE_SHARE, generator)
-        target_ids = torch.arange(self.d2t.numel(), device=self.device) + self.d2t
+        target_ids = self.draft.draft_to_target_ids(torch.arange(self.d2t.numel(), device=self.device))
         self.draft_of = torch.full((int(target_ids.max()) + 1,), -1, dtype=torch.long, device=self.device)
         self.draft_of[target_ids] = torch.arange(target_ids.numel(), device=self.device)
 
