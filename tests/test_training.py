@@ -632,6 +632,17 @@ def test_end_to_end_tiny_run_writes_a_loadable_draft_with_metrics_and_card(train
     assert draft(input_ids=ids, target_hidden_states=aux).logits.shape == (1, 4, 256)
 
 
+def test_held_out_evaluations_score_at_eval_ttt_steps(tmp_path, tiny_target_dir, data_dir):
+    """A draft trained with a 1-step unroll is scored at 3 (``train.eval_ttt_steps``), as 3-step drafts are."""
+    recipe = recipe_for(
+        tmp_path, tiny_target_dir, [data_dir / "sharegpt.jsonl"], train={"ttt_steps": 1, "eval_ttt_steps": 3, "max_steps": 3}
+    )
+    out = train(recipe)
+    metrics = json.loads((out / "training_metrics.json").read_text())
+    assert [len(h["step_accuracy"]) for h in metrics["eval_history"]] == [3]
+    assert len(metrics["acceptance"]["chain_acceptance"]) == 3
+    assert metrics["recipe"]["train"]["ttt_steps"] == 1
+
 def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path, tiny_target_dir, data_dir):
     """Batch 3 and grad_accum 2 over 36 samples: epochs of 6 steps. The kill comes after the checkpoint of step
     8, in the middle of the second epoch, so the resumed run must rebuild that epoch's shuffle and skip its

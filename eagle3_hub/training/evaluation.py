@@ -17,6 +17,8 @@ def evaluate(draft, loader, recipe, features, accelerator) -> dict:
     """The held-out metrics, summed over every process's shard; ``features(batch, draft)`` gives the target's side."""
     draft.eval()
     t = recipe["train"]
+    if t.get("eval_ttt_steps"):  # scored at another unroll than the one trained
+        t = {**t, "ttt_steps": t["eval_ttt_steps"]}
     sums = None
     for batch in loader:
         aux, logits = features(batch, draft)

@@ -338,6 +338,10 @@ class Features(Section):
 
 class Train(Section):
     ttt_steps: PositiveInt = Field(7, description="training-time-test unroll length (below)")
+    eval_ttt_steps: PositiveInt | None = Field(
+        None,
+        description="the unroll of held-out evaluations (null: `ttt_steps`): drafts trained with different unrolls are compared at the same one",
+    )
     step_weight: PositiveNumber = Field(0.8, description="step k's loss is weighted `step_weight ** k`")
     loss: Annotated[
         str | dict[str, float],
