@@ -643,6 +643,7 @@ def test_held_out_evaluations_score_at_eval_ttt_steps(tmp_path, tiny_target_dir,
     assert len(metrics["acceptance"]["chain_acceptance"]) == 3
     assert metrics["recipe"]["train"]["ttt_steps"] == 1
 
+
 def test_resume_after_sigkill_ends_where_an_uninterrupted_run_ends(tmp_path, tiny_target_dir, data_dir):
     """Batch 3 and grad_accum 2 over 36 samples: epochs of 6 steps. The kill comes after the checkpoint of step
     8, in the middle of the second epoch, so the resumed run must rebuild that epoch's shuffle and skip its
