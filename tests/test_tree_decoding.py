@@ -140,6 +140,50 @@ def test_fixed_shape_draft_levels_build_the_same_trees(arch, device, monkeypatch
     assert outs[True].stats.mean_acceptance_length > 2  # the tree is accepted, so its levels are checked
 
 
+def test_fixed_shape_draft_levels_draw_the_same_children(monkeypatch):
+    """Drawn children (``draft_sampling``) in the fixed-shape levels take their noise from a buffer filled before
+    each call, in the order the eager path draws it: from the same generator both paths build the same trees with
+    the same draft distributions at every step of the same depth, so the noise is drawn anew for each tree."""
+    target = make_tiny_target("llama")
+    draft = random_draft(target, seed=1)
+    records: dict[bool, list] = {False: [], True: []}
+    draft_tree = Drafter.draft_tree
+
+    def recording(self, depth, *args):
+        out = draft_tree(self, depth, *args)
+        records[self.levels is not None].append((depth, [t.clone() for t in out], self.proposal))
+        return out
+
+    monkeypatch.setattr(Drafter, "draft_tree", recording)
+    ids = torch.cat([prompt(seed=1), prompt(seed=2)])
+    shape = {"depth": 3, "tree_top_k": 3, "total_tokens": 8, "min_node_prob": 0.0, "grow_min_prob": 0.0, "adaptive": False}
+    outs = {
+        g: generate(
+            target,
+            draft,
+            ids,
+            max_new_tokens=40,
+            eos_token_id=[],
+            do_sample=True,
+            temperature=0.9,
+            generator=torch.Generator().manual_seed(0),
+            draft_sampling=True,
+            draft_graph=g,
+            **shape,
+        )
+        for g in (False, True)
+    }
+    assert outs[True].stats.tree["draft_sampling"] and outs[True].stats.mean_acceptance_length > 1.5
+    steps = list(itertools.takewhile(lambda p: p[0][0] == p[1][0], zip(records[False], records[True])))
+    assert len(steps) >= len(records[False]) - 2  # the default path shrinks the depth in the last steps only
+    for step, ((_, tree, proposal), (_, fixed, fixed_proposal)) in enumerate(steps):
+        assert all(torch.equal(x, y) for x, y in zip(tree, fixed)), f"step {step}"
+        assert torch.equal(proposal.slot_rows, fixed_proposal.slot_rows), f"step {step}"
+        assert torch.allclose(proposal.log_q, fixed_proposal.log_q, atol=1e-5)  # attention over a longer buffer
+    new = ids.shape[1] + 40 - 4  # the last step may differ: depth 3 and a bonus token
+    assert torch.equal(outs[True].sequences[:, :new], outs[False].sequences[:, :new])
+
+
 def test_cpu_verification_asks_for_logits_in_multiples_of_four_rows():
     """On CPU a verification computes the logits of the slots with children only, rounded up to a multiple of
     LOGITS_ROWS_MULTIPLE rows (MKL's small-batch sgemm is dearer for 3 or 7 rows); the output stays lossless."""
@@ -689,6 +733,7 @@ def _exact_three_token_distribution(target, ids, processors):
         ({"temperature": 0.7, "top_k": 6, "top_p": 0.9}, None, "sampled"),
         ({"temperature": 0.7, "top_p": 0.9}, 2, "sampled"),
         ({"temperature": 0.7, "top_p": 0.9}, None, "sampled-random-draft"),
+        ({"temperature": 0.7, "top_p": 0.9}, None, "sampled-fixed-shapes"),
     ],
     ids=[
         "plain",
@@ -698,6 +743,7 @@ def _exact_three_token_distribution(target, ids, processors):
         "drawn-temperature-topk-topp",
         "drawn-temperature-topp-scattered",
         "drawn-by-a-random-draft",
+        "drawn-in-fixed-shapes",
     ],
 )
 def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, drafted, monkeypatch):
@@ -705,7 +751,8 @@ def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, drafted,
     first tree: accepted draft tokens or the residual) must follow the exact joint distribution. The walk reads a
     top-k / top-p distribution on its support (``nucleus``), or scattered over the vocabulary when it is wide. The
     tree's children are the draft's top-k (one-hot proposals) or drawn from it (``draft_sampling``: recursive
-    rejection sampling with its probabilities), also from a random draft, whose q is far from p."""
+    rejection sampling with its probabilities), also from a random draft, whose q is far from p, and in the fixed-shape
+    levels of ``draft_graph`` (their noise drawn outside the levels)."""
     if sparse_limit is not None:
         monkeypatch.setattr(acceptance, "SPARSE_LIMIT", sparse_limit)
     target = make_tiny_target("llama", vocab_size=16)
@@ -739,6 +786,7 @@ def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, drafted,
         min_node_prob=0.0,
         on_step=lambda t, d: accepted.append(sum(d)),
         draft_sampling=drafted != "top-k",
+        **({"draft_graph": True, "grow_min_prob": 0.0} if drafted == "sampled-fixed-shapes" else {}),
         **sampling,
     )
     assert out.stats.tree["draft_sampling"] == (drafted != "top-k")
@@ -1184,13 +1232,16 @@ def test_clear_errors():
         with pytest.raises(ValueError, match=f"set {name}=0 or draft_graph=False"):
             generate(target, draft, ids, max_new_tokens=4, draft_graph=True, **{name: 0.1})
         assert generate(target, draft, ids, max_new_tokens=4, draft_graph=True).stats.tree[name] == 0.0
-    # drawn children: on when sampling unless draft_graph or the lookup branch (refused together), off when greedy
+    # drawn children: on when sampling unless draft_graph (there when asked) or the lookup branch (refused together),
+    # off when greedy
     tree = {k: generate(target, draft, ids, max_new_tokens=4, do_sample=v).stats.tree for k, v in (("s", True), ("g", False))}
     assert tree["s"]["draft_sampling"] and not tree["g"]["draft_sampling"]
     for kwargs in ({"draft_graph": True, "min_node_prob": 0.0, "grow_min_prob": 0.0}, {"lookup_tokens": 4}):
         assert not generate(target, draft, ids, max_new_tokens=4, do_sample=True, **kwargs).stats.tree["draft_sampling"]
-    with pytest.raises(ValueError, match="set draft_graph=False or draft_sampling=False"):
-        generate(target, draft, ids, max_new_tokens=4, do_sample=True, draft_sampling=True, draft_graph=True, min_node_prob=0.0)
+    graph = {"draft_graph": True, "min_node_prob": 0.0, "grow_min_prob": 0.0}
+    assert generate(target, draft, ids, max_new_tokens=4, do_sample=True, draft_sampling=True, **graph).stats.tree[
+        "draft_sampling"
+    ]
     with pytest.raises(ValueError, match="set lookup_tokens=0 or draft_sampling=False"):
         generate(target, draft, ids, max_new_tokens=4, do_sample=True, draft_sampling=True, lookup_tokens=4)
     with pytest.raises(ValueError, match="draft_sampling must be True, False or None"):
@@ -1333,6 +1384,10 @@ def test_cuda_greedy_batch_and_sampling(arch):
         **TREE,
     )
     assert out.sequences.shape == (1, ids.shape[1] + 40)
+    # drawn children inside the draft's CUDA graph: the noise is the graph's input
+    kw = {"max_new_tokens": 40, "eos_token_id": [], "do_sample": True, "temperature": 0.8, "top_p": 0.9, "draft_sampling": True}
+    out = generate(target16, draft16, ids, generator=gen, **kw, **TREE)
+    assert out.sequences.shape == (1, ids.shape[1] + 40) and out.stats.tree["draft_sampling"]
 
 
 # ------------------------------------------------------------------------------------------- the real target

@@ -68,7 +68,7 @@ def generate(
             costs, down to no tree (``TreeConfig.adaptive``); default: on unless depth / tree_top_k /
             total_tokens is given.
         draft_sampling: when sampling, draw each node's children from the draft's distribution rather than take its
-            most probable tokens (``TreeConfig.draft_sampling``); default: on when sampling.
+            most probable tokens (``TreeConfig.draft_sampling``); default: on when sampling, except with ``draft_graph``.
         proposer: ``"draft"``, or ``"target"``: the target proposes every node's children itself, its own most
             probable tokens (``oracle.TargetProposer``), so the acceptance is the most this tree shape and walk can
             reach with a perfect draft's top tokens (one-hot children: ``draft_sampling`` is off); for measurement

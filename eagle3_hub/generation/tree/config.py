@@ -94,8 +94,9 @@ class TreeConfig:
         replacement, at ``drafting.DRAW_TEMPERATURE_SHARE`` of the sampling temperature) and acceptance reads the
         draft's probabilities (recursive rejection sampling) instead of taking the draft's most probable tokens as
         one-hot proposals: both lossless; drawn children are accepted more often where the target's distribution is
-        wide. Default: on when sampling, off with ``draft_graph`` or a lookup branch (neither supports it). No
-        effect on greedy decoding.
+        wide. Default: on when sampling, off with a lookup branch (its copied tokens have no draft probability, so
+        it is refused there) and with ``draft_graph`` (it runs there, its draws' noise an input of the graph, when
+        asked for). No effect on greedy decoding.
     """
 
     depth: int | None = None
@@ -150,10 +151,6 @@ class TreeConfig:
             raise ValueError(f"adaptive must be True, False or None (None: on unless a shape is given), got {self.adaptive!r}")
         if not isinstance(self.draft_sampling, bool):
             raise ValueError(f"draft_sampling must be True, False or None (None: on when sampling), got {self.draft_sampling!r}")
-        if self.draft_sampling and do_sample and self.draft_graph:
-            raise ValueError(
-                "draft_sampling draws each tree anew, and draft_graph replays one: set draft_graph=False or draft_sampling=False."
-            )
         if self.draft_sampling and do_sample and self.lookup_tokens:
             raise ValueError(
                 "draft_sampling reads the draft's probability of each child, and the lookup branch's copied tokens have "

@@ -144,15 +144,18 @@ class Drafter:
         kept = out.hidden_states[:, -logits_to_keep:] if logits_to_keep else out.hidden_states
         return self.head(self.draft.norm(kept)), out.hidden_states
 
-    def children(self, parent_score: torch.Tensor, logits: torch.Tensor):
+    def children(self, parent_score: torch.Tensor, logits: torch.Tensor, uniform: torch.Tensor | None = None):
         """parent_score (...), logits (..., Vd) -> (scores (..., k), draft ids (..., k), the log-probabilities they were
-        drawn from (..., Vd), None for the top-k) of each node's k children."""
+        drawn from (..., Vd), None for the top-k) of each node's k children. ``uniform`` (..., Vd): the draws' uniform
+        noise, drawn here when None (``DraftLevels`` draws it outside its CUDA graph)."""
         child_logp, ids = self.log_probs(logits).topk(self.top_k, dim=-1)
         if self.sampling is None:
             return parent_score[..., None] + child_logp, ids, None
         temperature, generator = self.sampling
         logq = torch.log_softmax(logits.float() / temperature, dim=-1)
-        u = torch.rand(logq.shape, device=logq.device, generator=generator).clamp_(1e-20, 1.0 - 1e-7)
+        if uniform is None:
+            uniform = torch.rand(logq.shape, device=logq.device, generator=generator)
+        u = uniform.clamp(1e-20, 1.0 - 1e-7)
         ids = (logq - torch.log(-torch.log(u))).topk(self.top_k, dim=-1).indices  # log q + Gumbel: draws in order
         return parent_score[..., None] + child_logp, ids, logq
 
@@ -202,7 +205,7 @@ class Drafter:
         score, draft_ids, root_q = self.children(logits.new_zeros(logits.shape[0], dtype=torch.float32), logits)
         token = draft_ids + self.d2t[draft_ids]  # (b, k): the root's children
         if self.levels is not None:  # fixed shapes (a CUDA graph on CUDA)
-            return self.levels(self, depth, score, token, root_hidden, next_pos)
+            return self.levels(self, depth, score, token, root_hidden, next_pos, root_q)
         # a node at depth d comes with its d - 1 ancestors, so no node past depth total_tokens can be selected: those
         # levels are not drafted (the same tree)
         depth = min(depth, self.total_tokens)
@@ -218,13 +221,27 @@ class Drafter:
         rarely be accepted). One sync; never with draft_graph."""
         return self.grow_logp is None or bool((f_score >= self.grow_logp).any())
 
-    def grow(self, depth, score, token, root_hidden, ctx_allowed, cache, next_pos, row_depth=None, ctx_pos=None, root_q=None):
+    def grow(
+        self,
+        depth,
+        score,
+        token,
+        root_hidden,
+        ctx_allowed,
+        cache,
+        next_pos,
+        row_depth=None,
+        ctx_pos=None,
+        root_q=None,
+        uniform=None,
+    ):
         """Levels 2..depth of the tree from the root's k children (score, token: (b, k); root_hidden (b, 1, H)),
         then the best ``total_tokens`` nodes of the pool. ``ctx_allowed`` (b, 1, C): the draft context slots of
         ``cache`` each row may read, at positions ``ctx_pos`` (b, C); the levels append their slots to ``cache``
         after them. ``row_depth`` (b,): a row takes its nodes from its first ``row_depth`` levels only (they must
         hold ``total_tokens``). ``root_q`` (b, Vd): the root's draft log-probabilities when the children are sampled;
-        ``self.proposal`` then holds those of every expanded node."""
+        ``self.proposal`` then holds those of every expanded node. ``uniform`` (depth - 1, b, k, Vd): the noise of
+        each level's draws (``children``)."""
         dev = self.device
         b, k = score.shape
         H = root_hidden.shape[-1]
@@ -251,7 +268,7 @@ class Drafter:
             if self.window is not None:
                 key_pos = torch.cat([key_pos, f_pos], dim=1)
             logits, hidden = self.forward(f_tok, f_pos, allowed, hidden=f_hidden, cache=cache, key_pos=key_pos)
-            child_score, child_ids, logq = self.children(f_score, logits)  # (b, k, k)
+            child_score, child_ids, logq = self.children(f_score, logits, None if uniform is None else uniform[lvl - 2])
             if logq is not None:
                 sampled_q.append(logq)
                 sampled_at.append(f_index)
@@ -306,18 +323,20 @@ class DraftLevels:
     context's validity over the whole buffer). With ``capture`` (CUDA) they run as one CUDA graph per (rows, depth,
     context buffer), captured at first use and replayed afterwards: a level is ~30 small kernels whose launches, not
     their work, cost the time at batch 1. Without ``capture`` the same fixed-shape code runs eagerly (its test on
-    CPU)."""
+    CPU). Drawn children (``draft_sampling``) take their uniform noise from a static buffer filled before each
+    replay, so each tree is drawn anew."""
 
     def __init__(self, capture: bool):
         self.capture = capture
         self.entries: dict[tuple, tuple] = {}
 
-    def __call__(self, drafter: Drafter, depth: int, score, token, root_hidden, next_pos):
+    def __call__(self, drafter: Drafter, depth: int, score, token, root_hidden, next_pos, root_q=None):
         ctx = drafter.cache
         b, k = score.shape
-        key = (b, depth, k, drafter.total_tokens, ctx.buffer.data_ptr(), ctx.buffer.shape[4])
+        drawn = root_q is not None
+        key = (b, depth, k, drafter.total_tokens, drawn, ctx.buffer.data_ptr(), ctx.buffer.shape[4])
         if key not in self.entries:  # those of an old context buffer or of more rows are not used again
-            self.entries = {e: v for e, v in self.entries.items() if e[4:] == key[4:] and e[0] == b}
+            self.entries = {e: v for e, v in self.entries.items() if e[5:] == key[5:] and e[0] == b}
             static = {
                 "score": score.clone(),
                 "token": token.clone(),
@@ -326,6 +345,9 @@ class DraftLevels:
                 "ctx_pos": torch.zeros(b, ctx.buffer.shape[4], dtype=torch.long, device=score.device),
                 "pos": next_pos.clone(),
             }
+            if drawn:
+                static["root_q"] = root_q.clone()
+                static["uniform"] = root_q.new_empty(depth - 1, b, k, root_q.shape[-1])
             self.entries[key] = (static, ScratchCache(ctx, (depth - 1) * k), None, None)
         static, scratch, graph, out = self.entries[key]
         static["score"].copy_(score)
@@ -335,11 +357,14 @@ class DraftLevels:
         static["valid"][:, ctx.length :] = False
         static["ctx_pos"][:, : ctx.length] = drafter.pos
         static["pos"].copy_(next_pos)
+        if drawn:
+            static["root_q"].copy_(root_q)
+            static["uniform"].uniform_(generator=drafter.sampling[1])
         forwards = drafter.stats.draft_forwards
 
         def levels():
             scratch.reset()
-            return drafter.grow(
+            tree = drafter.grow(
                 depth,
                 static["score"],
                 static["token"],
@@ -349,7 +374,10 @@ class DraftLevels:
                 static["pos"],
                 None,
                 static["ctx_pos"],
+                static.get("root_q"),
+                static.get("uniform"),
             )
+            return (*tree, drafter.proposal.log_q, drafter.proposal.slot_rows) if drawn else tree
 
         if not self.capture:
             out = levels()
@@ -367,4 +395,7 @@ class DraftLevels:
         else:
             graph.replay()
         drafter.stats.draft_forwards = forwards + depth - 1
-        return tuple(t.clone() for t in out)  # the graph's outputs are overwritten by its next replay
+        out = tuple(t.clone() for t in out)  # the graph's outputs are overwritten by its next replay
+        if drawn:
+            drafter.proposal = Proposal(out[3], out[4], drafter.draft_of)
+        return out[:3]
