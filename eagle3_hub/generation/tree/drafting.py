@@ -155,7 +155,7 @@ class Drafter:
         logq = torch.log_softmax(logits.float() / temperature, dim=-1)
         if uniform is None:
             uniform = torch.rand(logq.shape, device=logq.device, generator=generator)
-        u = uniform.clamp(1e-20, 1.0 - 1e-7)
+        u = uniform.clamp_(1e-20, 1.0 - 1e-7)  # in place: fresh noise, or DraftLevels' buffer, filled anew each call
         ids = (logq - torch.log(-torch.log(u))).topk(self.top_k, dim=-1).indices  # log q + Gumbel: draws in order
         return parent_score[..., None] + child_logp, ids, logq
 
