@@ -32,6 +32,7 @@ def test_a_config_object_and_keywords_give_the_same_run():
         "grow_min_prob": 0.0,
         "adaptive": False,
         "draft_sampling": False,
+        "draft_int8": False,
     }
     # a keyword overrides the config's field; the rest come from the config, then the device defaults
     mixed = generate(target, draft, ids, max_new_tokens=8, config=TreeConfig(depth=2, tree_top_k=3), total_tokens=5)

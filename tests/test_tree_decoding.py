@@ -734,6 +734,7 @@ def _exact_three_token_distribution(target, ids, processors):
         ({"temperature": 0.7, "top_p": 0.9}, 2, "sampled"),
         ({"temperature": 0.7, "top_p": 0.9}, None, "sampled-random-draft"),
         ({"temperature": 0.7, "top_p": 0.9}, None, "sampled-fixed-shapes"),
+        ({"temperature": 0.7, "top_p": 0.9}, None, "sampled-int8"),
     ],
     ids=[
         "plain",
@@ -744,6 +745,7 @@ def _exact_three_token_distribution(target, ids, processors):
         "drawn-temperature-topp-scattered",
         "drawn-by-a-random-draft",
         "drawn-in-fixed-shapes",
+        "drawn-by-an-int8-draft",
     ],
 )
 def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, drafted, monkeypatch):
@@ -752,7 +754,8 @@ def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, drafted,
     top-k / top-p distribution on its support (``nucleus``), or scattered over the vocabulary when it is wide. The
     tree's children are the draft's top-k (one-hot proposals) or drawn from it (``draft_sampling``: recursive
     rejection sampling with its probabilities), also from a random draft, whose q is far from p, and in the fixed-shape
-    levels of ``draft_graph`` (their noise drawn outside the levels)."""
+    levels of ``draft_graph`` (their noise drawn outside the levels), and by a draft whose products run in int8
+    (``draft_int8``: its q is what it drew from)."""
     if sparse_limit is not None:
         monkeypatch.setattr(acceptance, "SPARSE_LIMIT", sparse_limit)
     target = make_tiny_target("llama", vocab_size=16)
@@ -787,6 +790,7 @@ def test_sampling_keeps_the_target_distribution(sampling, sparse_limit, drafted,
         on_step=lambda t, d: accepted.append(sum(d)),
         draft_sampling=drafted != "top-k",
         **({"draft_graph": True, "grow_min_prob": 0.0} if drafted == "sampled-fixed-shapes" else {}),
+        draft_int8=drafted == "sampled-int8",
         **sampling,
     )
     assert out.stats.tree["draft_sampling"] == (drafted != "top-k")

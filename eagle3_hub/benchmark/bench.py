@@ -183,6 +183,7 @@ def build_methods(
                         grow_min_prob=params.get("grow_min_prob"),
                         adaptive=None if params.get("adaptive") is None else bool(params["adaptive"]),
                         draft_sampling=None if params.get("draft_sampling") is None else bool(params["draft_sampling"]),
+                        draft_int8=None if params.get("draft_int8") is None else bool(params["draft_int8"]),
                     )
                     return out.sequences, out.stats
 

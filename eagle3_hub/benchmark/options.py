@@ -19,7 +19,8 @@ TREE_KEY_TYPES = {
     "grow_min_prob": float,
     "adaptive": int,
     "draft_sampling": int,
-}  # adaptive, draft_sampling: 1 on, 0 off
+    "draft_int8": int,
+}  # adaptive, draft_sampling, draft_int8: 1 on, 0 off
 TREE_KEYS = tuple(TREE_KEY_TYPES)
 
 SWEEP_DEFAULTS = {"depth": "3,5,7", "tree_top_k": "4,8", "total_tokens": "16,32,60"}

@@ -50,6 +50,7 @@ def generate(
     adaptive: bool | None = None,
     proposer: str = "draft",
     draft_sampling: bool | None = None,
+    draft_int8: bool | None = None,
 ) -> TreeDecodingOutput:
     """EAGLE tree decoding of ``target`` with ``draft``; equal to ``target.generate`` in distribution (token
     for token when greedy, up to floating-point ties).
@@ -69,6 +70,7 @@ def generate(
             total_tokens is given.
         draft_sampling: when sampling, draw each node's children from the draft's distribution rather than take its
             most probable tokens (``TreeConfig.draft_sampling``); default: on when sampling, except with ``draft_graph``.
+        draft_int8: on a CPU, run the draft's products on int8 weights (``TreeConfig.draft_int8``); default off.
         proposer: ``"draft"``, or ``"target"``: the target proposes every node's children itself, its own most
             probable tokens (``oracle.TargetProposer``), so the acceptance is the most this tree shape and walk can
             reach with a perfect draft's top tokens (one-hot children: ``draft_sampling`` is off); for measurement
@@ -109,6 +111,7 @@ def generate(
         draft_graph=draft_graph,
         adaptive=adaptive,
         draft_sampling=draft_sampling,
+        draft_int8=draft_int8,
     )
     return _run(
         target,
@@ -148,6 +151,7 @@ def tree_generate(
     tree_config: TreeConfig | None = None,
     adaptive: bool | None = None,
     draft_sampling: bool | None = None,
+    draft_int8: bool | None = None,
     **model_kwargs,
 ):
     """``target.generate(ids, custom_generate=tree_generate, draft=draft, ...)``.
@@ -180,6 +184,7 @@ def tree_generate(
         draft_graph=draft_graph,
         adaptive=adaptive,
         draft_sampling=draft_sampling,
+        draft_int8=draft_int8,
     )
     processing = Processing(logits_processor, bool(generation_config.do_sample), generator)
     out = _run(

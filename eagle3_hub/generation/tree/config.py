@@ -97,6 +97,9 @@ class TreeConfig:
         wide. Default: on when sampling, off with a lookup branch (its copied tokens have no draft probability, so
         it is refused there) and with ``draft_graph`` (it runs there, its draws' noise an input of the graph, when
         asked for). No effect on greedy decoding.
+    draft_int8: the draft's products on a CPU run on int8 weights (torch's dynamic int8 kernels,
+        ``fast_paths.int8_draft``; a float32 draft): a quarter of the bytes, at a small cost in the draft's guesses
+        and none in the output, which the target verifies. Default off; a CPU only.
     """
 
     depth: int | None = None
@@ -108,6 +111,7 @@ class TreeConfig:
     draft_graph: bool | None = None
     adaptive: bool | None = None
     draft_sampling: bool | None = None
+    draft_int8: bool | None = None
 
     def replace(self, **overrides) -> TreeConfig:
         """A copy with the given fields set (``None`` values are ignored: they keep this config's)."""
@@ -133,7 +137,10 @@ class TreeConfig:
             if self.adaptive is None
             else self.adaptive,
             draft_sampling=(do_sample and not graph and not lookup) if self.draft_sampling is None else self.draft_sampling,
+            draft_int8=bool(self.draft_int8),
         )
+        if c.draft_int8 and device.type != "cpu":
+            raise ValueError(f"draft_int8 runs the draft on a CPU's int8 kernels; this target is on {device}: set draft_int8=False.")
         c._check(draft_vocab, do_sample)
         return replace(
             c,
@@ -188,5 +195,6 @@ class TreeConfig:
                 "grow_min_prob",
                 "adaptive",
                 "draft_sampling",
+                "draft_int8",
             )
         }

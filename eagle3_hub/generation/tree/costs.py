@@ -279,7 +279,7 @@ def _cpu_model() -> str:
     return "unknown"
 
 
-def cost_key(target, draft, top_k: int, draft_graph: bool) -> str:
+def cost_key(target, draft, top_k: int, draft_graph: bool, draft_int8: bool = False) -> str:
     """The identity of a cost table: both models' configs, the tree width, the device, dtype, torch version and
     thread count (a config's hash, not its weights: random weights of one config cost the same)."""
     weight = target.get_input_embeddings().weight
@@ -294,6 +294,8 @@ def cost_key(target, draft, top_k: int, draft_graph: bool) -> str:
         str(torch.get_num_threads()),
         str(COSTS_FORMAT),
     ]
+    if draft_int8:  # another draft forward (the tables of float32 drafts keep their keys)
+        parts.append("draft_int8")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:20]
 
 
@@ -302,7 +304,7 @@ def step_costs(target, draft, config: TreeConfig, rows: int, slots: int, cache: 
     memory, else from the disk cache, else measured now (and saved). ``cache=False`` measures anew and saves
     nothing; ``refresh=True`` measures anew and replaces what memory and the disk held (a table the run's own step
     times contradict, see ``TreeController.stale``)."""
-    key = cost_key(target, draft, config.tree_top_k, config.draft_graph)
+    key = cost_key(target, draft, config.tree_top_k, config.draft_graph, bool(config.draft_int8))
     path = cost_file(key)
     weight = target.get_input_embeddings().weight
     device, dtype = device_name(weight.device), str(weight.dtype)
@@ -427,6 +429,7 @@ def measure(costs: StepCosts, target, draft, config: TreeConfig, rows: int, slot
         min_node_prob=0.0,
         grow_min_prob=0.0,
         draft_graph=config.draft_graph,
+        draft_int8=config.draft_int8,
     )
     was_training = (target.training, draft.training)
     target.eval()

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .caches import ScratchCache, TreeKVCache
 from .config import TreeConfig
-from .fast_paths import packed_head
+from .fast_paths import int8_draft, packed_head
 from .masks import additive_mask, layer_type_masks
 from .outputs import TreeDecodingStats
 from .verification import Proposal
@@ -47,6 +47,14 @@ class Drafter:
     k = tree_top_k, H draft hidden."""
 
     def __init__(self, draft, target, config: TreeConfig, stats: TreeDecodingStats):
+        if config.draft_int8:
+            fast = int8_draft(draft)
+            if fast is None:
+                raise ValueError(
+                    "draft_int8 needs a float32 draft on a CPU and torch's quantized int8 kernels (fbgemm); this draft "
+                    f"is {draft.dtype} on {draft.device}: set draft_int8=False."
+                )
+            draft = fast  # a copy sharing the draft's weights; its head is int8 too, so packed_head below declines it
         self.draft, self.stats = draft, stats
         self.top_k, self.total_tokens = config.tree_top_k, config.total_tokens
         self.min_node_logp = math.log(config.min_node_prob) if config.min_node_prob > 0 else None
