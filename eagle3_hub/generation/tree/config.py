@@ -140,7 +140,9 @@ class TreeConfig:
             draft_int8=bool(self.draft_int8),
         )
         if c.draft_int8 and device.type != "cpu":
-            raise ValueError(f"draft_int8 runs the draft on a CPU's int8 kernels; this target is on {device}: set draft_int8=False.")
+            raise ValueError(
+                f"draft_int8 runs the draft on a CPU's int8 kernels; this target is on {device}: set draft_int8=False."
+            )
         c._check(draft_vocab, do_sample)
         return replace(
             c,
