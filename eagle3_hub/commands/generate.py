@@ -86,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser):
         "most probable tokens (off); both keep the target's distribution",
     )
     parser.add_argument(
+        "--draft-int8",
+        action="store_true",
+        help="CPU, float32 draft: run the draft's products on int8 weights (a quarter of the bytes; the output is "
+        "unchanged, the target verifies every token)",
+    )
+    parser.add_argument(
         "--dtype",
         default="auto",
         choices=["auto", "bfloat16", "float16", "float32"],
@@ -157,6 +163,7 @@ def run(args: argparse.Namespace) -> int:
         min_node_prob=args.min_node_prob,
         grow_min_prob=args.grow_min_prob,
         draft_sampling=None if args.draft_sampling is None else args.draft_sampling == "on",
+        draft_int8=args.draft_int8 or None,
         generator=generator,
     )
     if args.stats:
