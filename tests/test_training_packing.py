@@ -86,8 +86,8 @@ def test_a_packed_batch_has_the_losses_metrics_and_gradients_of_its_samples_unpa
     for name in ("loss", "step_losses", "step_alpha", "chain_alpha"):
         torch.testing.assert_close(getattr(got, name), getattr(want, name), rtol=1e-5, atol=1e-6, msg=name)
     assert got_grads.keys() == want_grads.keys()
-    for name, g in want_grads.items():
-        torch.testing.assert_close(got_grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+    for name, g in want_grads.items():  # float32 sums in another order per batch shape: ~1e-5 of the tensor's scale
+        torch.testing.assert_close(got_grads[name], g, rtol=1e-4, atol=1e-4 * float(g.abs().max()), msg=name)
 
 
 def test_packed_rows_hold_at_most_the_budget_and_every_sample_once():
