@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import torch
@@ -20,7 +21,8 @@ from eagle3_hub.generation.tree.drafting import DRAW_TEMPERATURE_SHARE
 from eagle3_hub.generation.tree.fast_paths import int8_draft
 
 HERE = Path(__file__).parent
-PROMPTS = HERE.parent / "stage12" / "unseen_16.jsonl"
+sys.path.insert(0, str(HERE.parent / "drawn-children"))
+from first_level import PROMPTS, positions  # noqa: E402  (the sampled text and the teacher-forced logits)
 
 
 @torch.no_grad()
@@ -36,21 +38,11 @@ def main():
     sums: dict[str, list[float]] = {}
     for temperature in (0.7, 1.0):
         for seed, prompt in enumerate(prompts):
-            enc = tokenizer.apply_chat_template(
-                [{"role": "user", "content": prompt}], add_generation_prompt=True, return_tensors="pt", return_dict=True
-            )
-            torch.manual_seed(seed)
-            ids = target.generate(**enc, do_sample=True, temperature=temperature, top_p=0.9, max_new_tokens=128)
-            out = target(input_ids=ids, output_hidden_states=True)
-            aux = torch.cat([out.hidden_states[i + 1] for i in draft.config.aux_layer_ids], dim=-1)
-            s, start = ids.shape[1], enc["input_ids"].shape[1] - 1
-            p = torch.softmax(out.logits[0, start + 1 : s - 1].float() / temperature, -1)[:, target_ids]
-            for name, d in drafts.items():
-                # the draft at position t reads the features of t and token t + 1 and proposes token t + 2
-                logits = d(input_ids=ids[:, 1:], target_hidden_states=aux[:, :-1], position_ids=torch.arange(s - 1)[None])
-                q_logits = logits.logits[0, start : s - 2].float()
+            for name, d in drafts.items():  # the same seed samples the same text for each draft
+                q_logits, p_logits = positions(target, d, tokenizer, prompt, temperature, seed)
+                p = torch.softmax(p_logits / temperature, -1)[:, target_ids]
                 q = torch.softmax(q_logits / (temperature * DRAW_TEMPERATURE_SHARE), -1)
-                top = target_ids[q_logits.argmax(-1)] == out.logits[0, start + 1 : s - 1].argmax(-1)
+                top = target_ids[q_logits.argmax(-1)] == p_logits.argmax(-1)
                 acc = sums.setdefault(f"T={temperature:g} {name}", [0.0, 0.0, 0])
                 acc[0] += float(torch.minimum(p, q).sum())
                 acc[1] += float(top.sum())
